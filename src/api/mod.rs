@@ -1,0 +1,419 @@
+//! The gRPC layer: `idemd.v1.Idempotency` handlers.
+//!
+//! Each handler authenticates the caller (the tenant comes from credentials
+//! only), converts the protobuf request into an engine call, and converts the
+//! result back. Errors become statuses in [`status`] and nowhere else. This
+//! layer never sees a storage type beyond the engine's domain records.
+
+pub mod status;
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use crate::auth::Authenticator;
+use crate::engine::{
+    ClaimInput, ClaimOutcome, Disposition, Engine, FingerprintInput, Lease, PendingInput, Verdict,
+};
+use crate::proto::v1 as pb;
+use crate::store::{Record, RecordState, StoredResponse};
+
+/// The `Idempotency` service.
+#[derive(Debug, Clone)]
+pub struct IdempotencyService {
+    /// The state machine every RPC drives.
+    engine: Arc<Engine>,
+    /// Resolves the tenant of each call.
+    auth: Authenticator,
+}
+
+impl IdempotencyService {
+    /// A service over `engine`, authenticating with `auth`.
+    pub fn new(engine: Arc<Engine>, auth: Authenticator) -> Self {
+        Self { engine, auth }
+    }
+
+    fn tenant<T>(&self, request: &Request<T>) -> Result<String, Status> {
+        self.auth
+            .authenticate(request.metadata())
+            .map(|tenant| tenant.0)
+            .map_err(status::auth_status)
+    }
+}
+
+/// Signed milliseconds of a protobuf duration, `None` when absent. Positive
+/// sub-millisecond durations round up to 1 ms and negative ones stay
+/// negative, so validation sees the sign the caller sent.
+fn duration_ms(duration: Option<&prost_types::Duration>) -> Option<i64> {
+    let duration = duration?;
+    let nanos = i128::from(duration.seconds) * 1_000_000_000 + i128::from(duration.nanos);
+    let millis = if nanos > 0 {
+        (nanos + 999_999) / 1_000_000
+    } else {
+        -((-nanos + 999_999) / 1_000_000)
+    };
+    Some(i64::try_from(millis).unwrap_or(if millis > 0 { i64::MAX } else { i64::MIN }))
+}
+
+fn timestamp(ms: i64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: ms.div_euclid(1000),
+        // rem_euclid(1000) < 1000, so the product fits an i32.
+        nanos: i32::try_from(ms.rem_euclid(1000) * 1_000_000).unwrap_or(0),
+    }
+}
+
+fn duration(value: std::time::Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(value.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(value.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+fn response_from_pb(response: Option<pb::StoredResponse>) -> StoredResponse {
+    let response = response.unwrap_or_default();
+    StoredResponse {
+        status: response.status,
+        headers: response
+            .headers
+            .into_iter()
+            .map(|header| (header.name, header.value))
+            .collect(),
+        body: response.body,
+        body_ref: response.body_ref,
+    }
+}
+
+fn response_to_pb(response: &StoredResponse) -> pb::StoredResponse {
+    pb::StoredResponse {
+        status: response.status,
+        headers: response
+            .headers
+            .iter()
+            .map(|(name, value)| pb::Header {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+        body: response.body.clone(),
+        body_ref: response.body_ref.clone(),
+    }
+}
+
+fn state_to_pb(state: RecordState) -> pb::State {
+    match state {
+        RecordState::InProgress => pb::State::InProgress,
+        RecordState::Completed => pb::State::Completed,
+        RecordState::Failed => pb::State::Failed,
+        RecordState::Unknown => pb::State::Unknown,
+    }
+}
+
+fn lease_to_pb(lease: &Lease) -> pb::Claimed {
+    pb::Claimed {
+        lease_token: lease.lease_token.clone(),
+        lease_expires_at: Some(timestamp(lease.lease_expires_at_ms)),
+        attempt: lease.attempt,
+        expires_at: Some(timestamp(lease.expires_at_ms)),
+    }
+}
+
+/// A record as the API shows it: never the lease token or attempt id.
+pub fn record_to_pb(record: &Record, include_response: bool) -> pb::Record {
+    pb::Record {
+        endpoint: record.id.endpoint.clone(),
+        key: record.id.key.clone(),
+        state: state_to_pb(record.state).into(),
+        fingerprint: record.fingerprint.clone(),
+        attempt: record.attempt,
+        created_at: Some(timestamp(record.created_at_ms)),
+        lease_expires_at: (record.state == RecordState::InProgress)
+            .then(|| timestamp(record.lease_expires_at_ms)),
+        completed_at: record.completed_at_ms.map(timestamp),
+        expires_at: Some(timestamp(record.expires_at_ms)),
+        response: if include_response {
+            record.response.as_ref().map(response_to_pb)
+        } else {
+            None
+        },
+        reason: record.reason.clone(),
+    }
+}
+
+fn claim_response(outcome: ClaimOutcome, fingerprint: Vec<u8>) -> pb::ClaimResponse {
+    use pb::claim_response::Outcome;
+    let (outcome, http_status, error_code) = match outcome {
+        ClaimOutcome::Claimed(lease) => (Outcome::Claimed(lease_to_pb(&lease)), 0, ""),
+        ClaimOutcome::Replayed {
+            response,
+            completed_at_ms,
+        } => {
+            let status = response.status;
+            (
+                Outcome::Replayed(pb::Replayed {
+                    response: Some(response_to_pb(&response)),
+                    completed_at: Some(timestamp(completed_at_ms)),
+                }),
+                status,
+                "",
+            )
+        }
+        ClaimOutcome::InProgress {
+            retry_after,
+            lease_expires_at_ms,
+        } => (
+            Outcome::InProgress(pb::InProgress {
+                retry_after: Some(duration(retry_after)),
+                lease_expires_at: Some(timestamp(lease_expires_at_ms)),
+            }),
+            409,
+            "request_in_progress",
+        ),
+        ClaimOutcome::Mismatch => (
+            Outcome::Mismatch(pb::FingerprintMismatch {}),
+            422,
+            "idempotency_key_reuse",
+        ),
+        ClaimOutcome::Pending { state, reason } => (
+            Outcome::Pending(pb::OutcomePending {
+                state: state_to_pb(state).into(),
+                reason,
+            }),
+            409,
+            "outcome_pending",
+        ),
+    };
+    pb::ClaimResponse {
+        outcome: Some(outcome),
+        http_status,
+        error_code: error_code.to_string(),
+        fingerprint,
+    }
+}
+
+#[tonic::async_trait]
+impl pb::idempotency_server::Idempotency for IdempotencyService {
+    async fn claim(
+        &self,
+        request: Request<pb::ClaimRequest>,
+    ) -> Result<Response<pb::ClaimResponse>, Status> {
+        let tenant = self.tenant(&request)?;
+        let request = request.into_inner();
+        let fingerprint = match request.fingerprint {
+            Some(pb::claim_request::Fingerprint::Request(http)) => FingerprintInput::Request {
+                method: http.method,
+                path: http.path,
+                body: http.body,
+                content_type: http.content_type,
+                ignore_fields: http.ignore_fields,
+            },
+            Some(pb::claim_request::Fingerprint::Sha256(digest)) => {
+                FingerprintInput::Sha256(digest)
+            }
+            None => FingerprintInput::Missing,
+        };
+        let input = ClaimInput {
+            endpoint: request.endpoint,
+            key: request.key,
+            fingerprint,
+            lease_ms: duration_ms(request.lease.as_ref()),
+            ttl_ms: duration_ms(request.ttl.as_ref()),
+            wait_ms: duration_ms(request.wait.as_ref()),
+            attempt_id: request.attempt_id,
+        };
+        let result = self
+            .engine
+            .claim(&tenant, input)
+            .await
+            .map_err(status::engine_status)?;
+        Ok(Response::new(claim_response(
+            result.outcome,
+            result.fingerprint,
+        )))
+    }
+
+    async fn complete(
+        &self,
+        request: Request<pb::CompleteRequest>,
+    ) -> Result<Response<pb::CompleteResponse>, Status> {
+        let tenant = self.tenant(&request)?;
+        let request = request.into_inner();
+        if request.response.is_none() {
+            return Err(status::invalid_field("response", "is required"));
+        }
+        let expires_at_ms = self
+            .engine
+            .complete(
+                &tenant,
+                &request.endpoint,
+                &request.key,
+                &request.lease_token,
+                response_from_pb(request.response),
+            )
+            .await
+            .map_err(status::engine_status)?;
+        Ok(Response::new(pb::CompleteResponse {
+            expires_at: Some(timestamp(expires_at_ms)),
+        }))
+    }
+
+    async fn fail(
+        &self,
+        request: Request<pb::FailRequest>,
+    ) -> Result<Response<pb::FailResponse>, Status> {
+        let tenant = self.tenant(&request)?;
+        let request = request.into_inner();
+        let disposition = match pb::Disposition::try_from(request.disposition) {
+            Ok(pb::Disposition::Release) => Some(Disposition::Release),
+            Ok(pb::Disposition::Unknown) => Some(Disposition::Unknown),
+            Ok(pb::Disposition::Failed) => Some(Disposition::Failed),
+            Ok(pb::Disposition::Unspecified) | Err(_) => None,
+        };
+        self.engine
+            .fail(
+                &tenant,
+                &request.endpoint,
+                &request.key,
+                &request.lease_token,
+                disposition,
+                &request.reason,
+            )
+            .await
+            .map_err(status::engine_status)?;
+        Ok(Response::new(pb::FailResponse {}))
+    }
+
+    async fn extend_lease(
+        &self,
+        request: Request<pb::ExtendLeaseRequest>,
+    ) -> Result<Response<pb::ExtendLeaseResponse>, Status> {
+        let tenant = self.tenant(&request)?;
+        let request = request.into_inner();
+        let lease_expires_at_ms = self
+            .engine
+            .extend_lease(
+                &tenant,
+                &request.endpoint,
+                &request.key,
+                &request.lease_token,
+                duration_ms(request.lease.as_ref()),
+            )
+            .await
+            .map_err(status::engine_status)?;
+        Ok(Response::new(pb::ExtendLeaseResponse {
+            lease_expires_at: Some(timestamp(lease_expires_at_ms)),
+        }))
+    }
+
+    async fn lookup(
+        &self,
+        request: Request<pb::LookupRequest>,
+    ) -> Result<Response<pb::LookupResponse>, Status> {
+        let tenant = self.tenant(&request)?;
+        let request = request.into_inner();
+        let record = self
+            .engine
+            .lookup(&tenant, &request.endpoint, &request.key)
+            .await
+            .map_err(status::engine_status)?;
+        Ok(Response::new(pb::LookupResponse {
+            record: Some(record_to_pb(&record, request.include_response)),
+        }))
+    }
+
+    async fn list_pending(
+        &self,
+        request: Request<pb::ListPendingRequest>,
+    ) -> Result<Response<pb::ListPendingResponse>, Status> {
+        let tenant = self.tenant(&request)?;
+        let request = request.into_inner();
+        let page_token = if request.page_token.is_empty() {
+            None
+        } else {
+            Some(hex::decode(&request.page_token).map_err(|_| {
+                status::invalid_field("page_token", "not a token from a previous ListPending")
+            })?)
+        };
+        let page = self
+            .engine
+            .list_pending(
+                &tenant,
+                PendingInput {
+                    endpoint: request.endpoint,
+                    older_than_ms: duration_ms(request.older_than.as_ref()),
+                    page_size: request.page_size,
+                    page_token,
+                },
+            )
+            .await
+            .map_err(status::engine_status)?;
+        Ok(Response::new(pb::ListPendingResponse {
+            records: page
+                .records
+                .iter()
+                .map(|record| record_to_pb(record, false))
+                .collect(),
+            next_page_token: page.next_page_token.map(hex::encode).unwrap_or_default(),
+        }))
+    }
+
+    async fn reconcile(
+        &self,
+        request: Request<pb::ReconcileRequest>,
+    ) -> Result<Response<pb::ReconcileResponse>, Status> {
+        use pb::reconcile_request::Verdict as PbVerdict;
+        let tenant = self.tenant(&request)?;
+        let request = request.into_inner();
+        let verdict = request.verdict.map(|verdict| match verdict {
+            PbVerdict::Committed(response) => Verdict::Committed(response_from_pb(Some(response))),
+            PbVerdict::Released(_) => Verdict::Released,
+            PbVerdict::Failed(reason) => Verdict::Failed(reason),
+            PbVerdict::Takeover(takeover) => Verdict::Takeover {
+                lease_ms: duration_ms(takeover.lease.as_ref()),
+            },
+        });
+        let result = self
+            .engine
+            .reconcile(&tenant, &request.endpoint, &request.key, verdict)
+            .await
+            .map_err(status::engine_status)?;
+        Ok(Response::new(pb::ReconcileResponse {
+            record: result.record.as_ref().map(|r| record_to_pb(r, true)),
+            takeover: result.takeover.as_ref().map(lease_to_pb),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_keep_their_sign() {
+        let d = |seconds, nanos| Some(prost_types::Duration { seconds, nanos });
+        assert_eq!(duration_ms(None), None);
+        assert_eq!(duration_ms(d(0, 0).as_ref()), Some(0));
+        assert_eq!(duration_ms(d(0, 1).as_ref()), Some(1));
+        assert_eq!(duration_ms(d(0, -1).as_ref()), Some(-1));
+        assert_eq!(duration_ms(d(-5, 0).as_ref()), Some(-5000));
+        assert_eq!(duration_ms(d(1, 500_000_000).as_ref()), Some(1500));
+    }
+
+    #[test]
+    fn timestamps_handle_negative_instants() {
+        assert_eq!(
+            timestamp(-1),
+            prost_types::Timestamp {
+                seconds: -1,
+                nanos: 999_000_000
+            }
+        );
+        assert_eq!(
+            timestamp(1500),
+            prost_types::Timestamp {
+                seconds: 1,
+                nanos: 500_000_000
+            }
+        );
+    }
+}

@@ -1,0 +1,102 @@
+//! The one place where errors become gRPC statuses.
+//!
+//! | engine error            | code                  | details                                  |
+//! |-------------------------|-----------------------|------------------------------------------|
+//! | `InvalidArgument`       | `INVALID_ARGUMENT`    | `google.rpc.BadRequest` naming the field |
+//! | `TooLarge`              | `RESOURCE_EXHAUSTED`  | `google.rpc.BadRequest` naming the field |
+//! | `NotFound`              | `NOT_FOUND`           |                                          |
+//! | `FailedPrecondition`    | `FAILED_PRECONDITION` | `google.rpc.ErrorInfo` (LEASE_LOST, ...) |
+//! | `Contention`            | `ABORTED`             | retry the call                           |
+//! | store `Unavailable`     | `UNAVAILABLE`         | nothing was applied; retry               |
+//! | store `Uncertain`       | `UNAVAILABLE`         | ErrorInfo `OUTCOME_UNKNOWN`              |
+//! | store `Corrupt`         | `DATA_LOSS`           |                                          |
+//! | store `Closed`          | `UNAVAILABLE`         | shutting down                            |
+
+use std::collections::HashMap;
+
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::auth::AuthError;
+use crate::engine::EngineError;
+use crate::store::StoreError;
+
+/// `ErrorInfo.domain` of every error idemd reports.
+pub const ERROR_DOMAIN: &str = "idemd.dev";
+
+fn bad_request(code: Code, field: &str, description: &str) -> Status {
+    Status::with_error_details(
+        code,
+        format!("{field}: {description}"),
+        ErrorDetails::with_bad_request_violation(field, description),
+    )
+}
+
+fn error_info(code: Code, message: String, reason: &str) -> Status {
+    Status::with_error_details(
+        code,
+        message,
+        ErrorDetails::with_error_info(reason, ERROR_DOMAIN, HashMap::<String, String>::new()),
+    )
+}
+
+/// Maps an engine error to the status the caller sees.
+pub fn engine_status(error: EngineError) -> Status {
+    match error {
+        EngineError::InvalidArgument { field, description } => {
+            bad_request(Code::InvalidArgument, &field, &description)
+        }
+        EngineError::TooLarge { field, description } => {
+            bad_request(Code::ResourceExhausted, &field, &description)
+        }
+        EngineError::NotFound(message) => Status::not_found(message),
+        EngineError::FailedPrecondition {
+            reason,
+            description,
+        } => error_info(Code::FailedPrecondition, description, reason.as_str()),
+        EngineError::Contention(message) => Status::aborted(message),
+        EngineError::Store(store) => store_status(store),
+    }
+}
+
+fn store_status(error: StoreError) -> Status {
+    match error {
+        StoreError::Unavailable(detail) => Status::unavailable(format!(
+            "store unavailable, nothing was applied; retry: {detail}"
+        )),
+        StoreError::Uncertain(detail) => error_info(
+            Code::Unavailable,
+            format!(
+                "store write outcome unknown (it may or may not have been applied); retry the same call to find out: {detail}"
+            ),
+            "OUTCOME_UNKNOWN",
+        ),
+        StoreError::InvalidPageToken => bad_request(
+            Code::InvalidArgument,
+            "page_token",
+            "not a token from a previous call",
+        ),
+        StoreError::Corrupt(detail) => {
+            Status::data_loss(format!("stored record is corrupt: {detail}"))
+        }
+        StoreError::Closed => {
+            Status::unavailable("server is shutting down; retry on another replica")
+        }
+    }
+}
+
+/// Maps an authentication failure.
+pub fn auth_status(error: AuthError) -> Status {
+    match error {
+        AuthError::Missing | AuthError::Unknown => Status::unauthenticated(error.to_string()),
+        AuthError::BadTenantHeader(description) => {
+            bad_request(Code::InvalidArgument, "x-tenant-id", &description)
+        }
+    }
+}
+
+/// An invalid-argument status for a wire-level problem found while
+/// converting a message (before the engine sees it).
+pub fn invalid_field(field: &str, description: &str) -> Status {
+    bad_request(Code::InvalidArgument, field, description)
+}

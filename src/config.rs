@@ -1,0 +1,353 @@
+//! Configuration: command line and `IDEMD_*` environment for the process,
+//! a TOML file for endpoint policies, validated into [`Settings`].
+//!
+//! Precedence, lowest first: built-in defaults → `--config` file (policies)
+//! → `IDEMD_*` environment → command-line flags. Every flag has an
+//! environment variable (shown by `idemd --help`). Invalid configuration is
+//! refused at start with a message that names the field, e.g.
+//! `endpoints."POST /v1/payments".lease: 2h exceeds ttl 1h`.
+//!
+//! The policy file:
+//!
+//! ```toml
+//! [defaults]                    # applies to every endpoint
+//! ttl = "24h"                   # dedup window when the Claim gives none
+//! max_ttl = "7d"                # largest ttl a Claim may ask for
+//! lease = "60s"                 # lease when the Claim gives none
+//! max_wait = "10s"              # cap on a Claim's wait
+//! max_response_bytes = 262144   # cap on a stored response
+//! ignore_fields = []            # JSON Pointers dropped before fingerprinting
+//! on_expired_lease = "reconcile" # or "takeover"
+//!
+//! [endpoints."POST /v1/payments"] # overrides, inheriting from [defaults]
+//! ttl = "72h"
+//! ```
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Deserialize;
+
+use crate::engine::{ExpiredLeasePolicy, Policy, PolicySet, validate};
+use crate::fingerprint;
+
+/// Largest `max_response_bytes` a policy may set: a stored response must fit
+/// in one gRPC message with room to spare.
+pub const MAX_RESPONSE_BYTES_LIMIT: usize = 4 * 1024 * 1024;
+
+/// Longest `max_wait` a policy may set: a waiting Claim holds an RPC open.
+pub const MAX_WAIT_LIMIT: Duration = Duration::from_secs(60);
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `idemd`: idempotency keys as a gRPC service.
+#[derive(Debug, Parser)]
+#[command(name = "idemd", version, about, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    /// What to run; `serve` when omitted.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Server flags when no subcommand is given.
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the gRPC API (the default).
+    Serve(ServeArgs),
+}
+
+/// Flags of `idemd serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// gRPC listen address.
+    #[arg(long, env = "IDEMD_LISTEN", default_value = "0.0.0.0:50051")]
+    pub listen: SocketAddr,
+    /// Directory of the embedded store's database file.
+    #[arg(long, env = "IDEMD_DATA_DIR", default_value = "./data")]
+    pub data_dir: PathBuf,
+    /// Tokens file (`TENANT SHA256_HEX_OF_TOKEN` per line). Without it auth
+    /// is off and the tenant comes from `x-tenant-id`.
+    #[arg(long, env = "IDEMD_AUTH_TOKENS")]
+    pub auth_tokens: Option<PathBuf>,
+    /// TOML file with default and per-endpoint policies.
+    #[arg(long, env = "IDEMD_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, env = "IDEMD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
+    pub log_format: LogFormat,
+    /// Log filter (tracing `EnvFilter` syntax, e.g. `info,idemd=debug`).
+    #[arg(long, env = "IDEMD_LOG", default_value = "info")]
+    pub log: String,
+    /// Longest time in-flight RPCs get to finish after SIGTERM/SIGINT.
+    #[arg(long, env = "IDEMD_DRAIN_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+    /// How often expired records are swept from the embedded store.
+    #[arg(long, env = "IDEMD_SWEEP_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub sweep_interval: Duration,
+    /// Memory for cached completed records (replays), in bytes.
+    #[arg(long, env = "IDEMD_CACHE_BYTES", default_value_t = 16 * 1024 * 1024)]
+    pub cache_bytes: usize,
+}
+
+/// A configuration problem, naming the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {description}")]
+pub struct ConfigError {
+    /// Path of the offending setting.
+    pub field: String,
+    /// What is wrong.
+    pub description: String,
+}
+
+impl ConfigError {
+    fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            description: description.into(),
+        }
+    }
+}
+
+/// Validated settings of the server.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// gRPC listen address.
+    pub listen: SocketAddr,
+    /// Embedded store directory.
+    pub data_dir: PathBuf,
+    /// Tokens file; `None` = auth off.
+    pub auth_tokens: Option<PathBuf>,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Log filter.
+    pub log: String,
+    /// Drain bound on shutdown.
+    pub drain_timeout: Duration,
+    /// Sweeper period.
+    pub sweep_interval: Duration,
+    /// Completed-record cache size.
+    pub cache_bytes: usize,
+    /// Endpoint policies.
+    pub policies: PolicySet,
+}
+
+impl Settings {
+    /// Settings for tests and embedding: defaults, given data dir.
+    pub fn for_data_dir(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            data_dir: data_dir.into(),
+            auth_tokens: None,
+            log_format: LogFormat::Human,
+            log: "info".to_string(),
+            drain_timeout: Duration::from_secs(20),
+            sweep_interval: Duration::from_secs(30),
+            cache_bytes: 16 * 1024 * 1024,
+            policies: PolicySet::default(),
+        }
+    }
+
+    /// Builds and validates settings from parsed flags.
+    pub fn from_args(args: &ServeArgs) -> Result<Self, ConfigError> {
+        let policies = match &args.config {
+            Some(path) => load_policies(path)?,
+            None => PolicySet::default(),
+        };
+        let settings = Self {
+            listen: args.listen,
+            data_dir: args.data_dir.clone(),
+            auth_tokens: args.auth_tokens.clone(),
+            log_format: args.log_format,
+            log: args.log.clone(),
+            drain_timeout: args.drain_timeout,
+            sweep_interval: args.sweep_interval,
+            cache_bytes: args.cache_bytes,
+            policies,
+        };
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks every setting; the error names the first bad one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.sweep_interval.is_zero() {
+            return Err(ConfigError::new(
+                "sweep_interval",
+                "must be greater than zero",
+            ));
+        }
+        validate_policy("defaults", &self.policies.default)?;
+        for (endpoint, policy) in &self.policies.endpoints {
+            let field = format!("endpoints.{endpoint:?}");
+            validate::endpoint(endpoint)
+                .map_err(|e| ConfigError::new(field.clone(), e.to_string()))?;
+            validate_policy(&field, policy)?;
+        }
+        Ok(())
+    }
+}
+
+fn validate_policy(prefix: &str, policy: &Policy) -> Result<(), ConfigError> {
+    let field = |name: &str| format!("{prefix}.{name}");
+    let show = |d: Duration| humantime::format_duration(d).to_string();
+    for (name, value) in [
+        ("ttl", policy.ttl),
+        ("max_ttl", policy.max_ttl),
+        ("lease", policy.lease),
+    ] {
+        if value < Duration::from_millis(1) {
+            return Err(ConfigError::new(field(name), "must be at least 1ms"));
+        }
+    }
+    if policy.ttl > policy.max_ttl {
+        return Err(ConfigError::new(
+            field("ttl"),
+            format!(
+                "{} exceeds max_ttl {}",
+                show(policy.ttl),
+                show(policy.max_ttl)
+            ),
+        ));
+    }
+    if policy.lease > policy.ttl {
+        return Err(ConfigError::new(
+            field("lease"),
+            format!("{} exceeds ttl {}", show(policy.lease), show(policy.ttl)),
+        ));
+    }
+    if policy.max_wait > MAX_WAIT_LIMIT {
+        return Err(ConfigError::new(
+            field("max_wait"),
+            format!("at most {}", show(MAX_WAIT_LIMIT)),
+        ));
+    }
+    if policy.max_response_bytes == 0 || policy.max_response_bytes > MAX_RESPONSE_BYTES_LIMIT {
+        return Err(ConfigError::new(
+            field("max_response_bytes"),
+            format!("must be between 1 and {MAX_RESPONSE_BYTES_LIMIT}"),
+        ));
+    }
+    let pointers: Vec<&str> = policy.ignore_fields.iter().map(String::as_str).collect();
+    fingerprint::parse_ignore_fields(&pointers)
+        .map_err(|e| ConfigError::new(field("ignore_fields"), e.to_string()))?;
+    Ok(())
+}
+
+/// One policy table of the file; absent fields inherit.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyFile {
+    #[serde(default, with = "humantime_serde")]
+    ttl: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    max_ttl: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    lease: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    max_wait: Option<Duration>,
+    max_response_bytes: Option<usize>,
+    ignore_fields: Option<Vec<String>>,
+    on_expired_lease: Option<ExpiredLeasePolicy>,
+}
+
+impl PolicyFile {
+    fn over(&self, base: &Policy) -> Policy {
+        Policy {
+            ttl: self.ttl.unwrap_or(base.ttl),
+            max_ttl: self.max_ttl.unwrap_or(base.max_ttl),
+            lease: self.lease.unwrap_or(base.lease),
+            max_wait: self.max_wait.unwrap_or(base.max_wait),
+            max_response_bytes: self.max_response_bytes.unwrap_or(base.max_response_bytes),
+            ignore_fields: self
+                .ignore_fields
+                .clone()
+                .unwrap_or_else(|| base.ignore_fields.clone()),
+            on_expired_lease: self.on_expired_lease.unwrap_or(base.on_expired_lease),
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    #[serde(default)]
+    defaults: PolicyFile,
+    #[serde(default)]
+    endpoints: HashMap<String, PolicyFile>,
+}
+
+/// Parses policy TOML text.
+pub fn parse_policies(text: &str) -> Result<PolicySet, ConfigError> {
+    let file: ConfigFile = toml::from_str(text)
+        .map_err(|e| ConfigError::new("config", e.to_string().trim_end().replace('\n', " ")))?;
+    let default = file.defaults.over(&Policy::default());
+    let endpoints = file
+        .endpoints
+        .iter()
+        .map(|(name, policy)| (name.clone(), policy.over(&default)))
+        .collect();
+    Ok(PolicySet { default, endpoints })
+}
+
+fn load_policies(path: &Path) -> Result<PolicySet, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new("config", format!("cannot read {}: {e}", path.display())))?;
+    parse_policies(&text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings_with(text: &str) -> Result<Settings, ConfigError> {
+        let mut settings = Settings::for_data_dir("unused");
+        settings.policies = parse_policies(text)?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    #[test]
+    fn endpoints_inherit_defaults() {
+        let settings = settings_with(
+            "[defaults]\nlease = \"30s\"\n[endpoints.\"POST /v1/payments\"]\nttl = \"72h\"\non_expired_lease = \"takeover\"\n",
+        )
+        .expect("valid");
+        let policy = settings.policies.for_endpoint("POST /v1/payments");
+        assert_eq!(policy.ttl, Duration::from_secs(72 * 3600));
+        assert_eq!(policy.lease, Duration::from_secs(30));
+        assert_eq!(policy.on_expired_lease, ExpiredLeasePolicy::Takeover);
+        assert_eq!(
+            settings.policies.for_endpoint("other").lease,
+            Duration::from_secs(30)
+        );
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let err = settings_with("[endpoints.\"POST /x\"]\nttl = \"1h\"\nlease = \"2h\"\n")
+            .expect_err("lease > ttl");
+        assert_eq!(err.field, "endpoints.\"POST /x\".lease");
+        let err = settings_with("[defaults]\nttl = \"30d\"\n").expect_err("ttl > max");
+        assert_eq!(err.field, "defaults.ttl");
+        let err = settings_with("[defaults]\nignore_fields = [\"nope\"]\n").expect_err("pointer");
+        assert_eq!(err.field, "defaults.ignore_fields");
+        let err = settings_with("[defaults]\nleese = \"1s\"\n").expect_err("typo");
+        assert!(err.description.contains("leese"), "{err}");
+        let err = settings_with("[defaults]\nmax_response_bytes = 0\n").expect_err("zero");
+        assert_eq!(err.field, "defaults.max_response_bytes");
+    }
+}

@@ -1,0 +1,39 @@
+//! idemd: idempotency keys as a gRPC service.
+//!
+//! Callers `Claim` a key before a side effect, run the side effect only when
+//! they won the claim, then `Complete` with the response; every retry of the
+//! same logical operation gets the stored response back. The contract is the
+//! one in `docs/design.md` (states, 409 vs 422, fingerprints, leases, TTL).
+//!
+//! # Layout
+//!
+//! The module tree follows the request path, outside in:
+//!
+//! * [`server`]: process start-up and graceful shutdown; wires the store,
+//!   the engine, auth, health and reflection onto one tonic server.
+//! * [`config`]: command line, `IDEMD_*` environment and the TOML policy
+//!   file, layered and validated into [`config::Settings`].
+//! * [`auth`]: who is calling. Resolves the tenant from credentials (bearer
+//!   tokens) or, with auth off, from the `x-tenant-id` metadata.
+//! * [`api`]: the gRPC handlers. Converts protobuf messages to engine calls
+//!   and maps every engine error to a `tonic::Status` in one place
+//!   ([`api::status`]). Never touches a database type.
+//! * [`engine`]: the idempotency state machine (claim, complete, fail,
+//!   extend, lookup, pending, reconcile), input validation, waiting for
+//!   in-flight duplicates and the completed-record cache. Backend-generic.
+//! * [`fingerprint`]: fingerprint v1, the canonical request digest.
+//! * [`store`]: the [`store::Store`] trait (the only seam between the engine
+//!   and storage) and its backends, one module each.
+//! * [`clock`]: the time source, injectable so leases and TTLs are testable
+//!   without sleeping.
+//! * [`proto`]: the generated protobuf and gRPC code.
+
+pub mod api;
+pub mod auth;
+pub mod clock;
+pub mod config;
+pub mod engine;
+pub mod fingerprint;
+pub mod proto;
+pub mod server;
+pub mod store;

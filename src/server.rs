@@ -1,0 +1,301 @@
+//! Process life cycle: start-up, background tasks and graceful shutdown.
+//!
+//! Start-up order matters for orchestrators: the port is bound and
+//! `grpc.health.v1` answers `NOT_SERVING` first; the store is opened next and
+//! only then does health turn `SERVING` (Idempotency RPCs arriving before
+//! that get `UNAVAILABLE`). On shutdown (SIGTERM/SIGINT, or
+//! [`RunningServer::shutdown`]) health turns `NOT_SERVING`, the listener stops
+//! accepting, in-flight RPCs get up to `drain_timeout` to finish, and the
+//! store is closed, which commits every accepted write before the process
+//! exits 0.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::{Request, Response, Status};
+use tonic_health::ServingStatus;
+
+use crate::api::IdempotencyService;
+use crate::auth::Authenticator;
+use crate::clock::SharedClock;
+use crate::config::Settings;
+use crate::engine::Engine;
+use crate::proto::v1 as pb;
+use crate::store::Store;
+use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
+
+/// Fully qualified name of the service, as health checks know it.
+pub const SERVICE_NAME: &str = "idemd.v1.Idempotency";
+
+/// Records removed per sweeper transaction: small enough that a sweep never
+/// holds up the writer for long.
+const SWEEP_BATCH: usize = 1000;
+
+/// How often the tokens file is checked for changes.
+const TOKENS_POLL: Duration = Duration::from_secs(1);
+
+/// Largest gRPC message accepted: the largest stored response (4 MiB) or
+/// request body (1 MiB) plus headroom for the other fields.
+pub const MAX_MESSAGE_BYTES: usize = 5 * 1024 * 1024;
+
+/// Why the server could not start or stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The listen address could not be bound.
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        /// The address.
+        address: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The tokens file is invalid.
+    #[error("auth tokens: {0}")]
+    Auth(#[from] crate::auth::TokenFileError),
+    /// The store could not be opened or closed.
+    #[error("{0}")]
+    Store(#[from] crate::store::StoreError),
+    /// The gRPC transport failed.
+    #[error("grpc transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// Reflection could not be configured.
+    #[error("reflection: {0}")]
+    Reflection(String),
+    /// A background task panicked.
+    #[error("server task failed: {0}")]
+    Task(String),
+}
+
+/// The engine once the store is open; Idempotency RPCs before that are
+/// refused with `UNAVAILABLE`.
+#[derive(Clone, Default)]
+struct EngineSlot(Arc<OnceLock<IdempotencyService>>);
+
+impl EngineSlot {
+    fn get(&self) -> Result<&IdempotencyService, Status> {
+        self.0
+            .get()
+            .ok_or_else(|| Status::unavailable("idemd is starting: the store is not open yet"))
+    }
+}
+
+macro_rules! delegate {
+    ($($method:ident($request:ty) -> $response:ty;)*) => {
+        #[tonic::async_trait]
+        impl pb::idempotency_server::Idempotency for EngineSlot {
+            $(
+                async fn $method(&self, request: Request<$request>) -> Result<Response<$response>, Status> {
+                    pb::idempotency_server::Idempotency::$method(self.get()?, request).await
+                }
+            )*
+        }
+    };
+}
+
+delegate! {
+    claim(pb::ClaimRequest) -> pb::ClaimResponse;
+    complete(pb::CompleteRequest) -> pb::CompleteResponse;
+    fail(pb::FailRequest) -> pb::FailResponse;
+    extend_lease(pb::ExtendLeaseRequest) -> pb::ExtendLeaseResponse;
+    lookup(pb::LookupRequest) -> pb::LookupResponse;
+    list_pending(pb::ListPendingRequest) -> pb::ListPendingResponse;
+    reconcile(pb::ReconcileRequest) -> pb::ReconcileResponse;
+}
+
+/// A server that is running.
+pub struct RunningServer {
+    /// The address actually bound (useful with port 0).
+    pub local_addr: SocketAddr,
+    /// Triggers graceful shutdown.
+    shutdown: watch::Sender<bool>,
+    /// The serving task; resolves after the store is closed.
+    task: JoinHandle<Result<(), ServerError>>,
+}
+
+impl RunningServer {
+    /// Asks the server to shut down gracefully and waits until it has.
+    pub async fn shutdown(self) -> Result<(), ServerError> {
+        let _ = self.shutdown.send(true);
+        self.wait().await
+    }
+
+    /// A handle that triggers shutdown (e.g. from a signal handler).
+    pub fn shutdown_trigger(&self) -> watch::Sender<bool> {
+        self.shutdown.clone()
+    }
+
+    /// Waits until the server has stopped.
+    pub async fn wait(self) -> Result<(), ServerError> {
+        self.task
+            .await
+            .map_err(|e| ServerError::Task(e.to_string()))?
+    }
+}
+
+/// Binds, opens the embedded store and starts serving. Returns once the
+/// store is open and the service is `SERVING`.
+pub async fn start(settings: Settings, clock: SharedClock) -> Result<RunningServer, ServerError> {
+    let data_dir = settings.data_dir.clone();
+    let open = move || -> Result<Arc<dyn Store>, ServerError> {
+        Ok(Arc::new(EmbeddedStore::open(&EmbeddedOptions::new(
+            data_dir,
+        ))?))
+    };
+    start_with_store(settings, clock, open).await
+}
+
+/// Like [`start`], with the store built by `open_store` once the port is
+/// bound and health answers `NOT_SERVING`.
+pub async fn start_with_store<F>(
+    settings: Settings,
+    clock: SharedClock,
+    open_store: F,
+) -> Result<RunningServer, ServerError>
+where
+    F: FnOnce() -> Result<Arc<dyn Store>, ServerError> + Send + 'static,
+{
+    let listener =
+        TcpListener::bind(settings.listen)
+            .await
+            .map_err(|source| ServerError::Bind {
+                address: settings.listen,
+                source,
+            })?;
+    let local_addr = listener.local_addr().map_err(|source| ServerError::Bind {
+        address: settings.listen,
+        source,
+    })?;
+
+    let auth = match &settings.auth_tokens {
+        Some(path) => Authenticator::from_file(path)?,
+        None => {
+            tracing::warn!(
+                "authentication is off (no --auth-tokens): the tenant comes from the x-tenant-id header; do not expose this port"
+            );
+            Authenticator::disabled()
+        }
+    };
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+    health
+        .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| ServerError::Reflection(e.to_string()))?;
+
+    let slot = EngineSlot::default();
+    let idempotency = pb::idempotency_server::IdempotencyServer::new(slot.clone())
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+
+    let (shutdown_tx, mut shutdown_rx) = watch::channel(false);
+    let mut drain_rx = shutdown_rx.clone();
+    let health_on_shutdown = health.clone();
+    let serve = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        // Dead peers are detected without waiting for TCP timeouts.
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(idempotency)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+            let _ = shutdown_rx.wait_for(|stop| *stop).await;
+            health_on_shutdown
+                .set_service_status("", ServingStatus::NotServing)
+                .await;
+            health_on_shutdown
+                .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
+                .await;
+            tracing::info!("shutting down: draining in-flight requests");
+        });
+    let serve_task = tokio::spawn(serve);
+
+    let store = match tokio::task::spawn_blocking(open_store).await {
+        Ok(Ok(store)) => store,
+        Ok(Err(error)) => {
+            serve_task.abort();
+            return Err(error);
+        }
+        Err(join) => {
+            serve_task.abort();
+            return Err(ServerError::Task(join.to_string()));
+        }
+    };
+    let engine = Arc::new(Engine::new(
+        Arc::clone(&store),
+        clock,
+        Arc::new(settings.policies.clone()),
+        settings.cache_bytes,
+    ));
+    let service = IdempotencyService::new(Arc::clone(&engine), auth.clone());
+    if slot.0.set(service).is_err() {
+        return Err(ServerError::Task("engine initialized twice".to_string()));
+    }
+    health.set_service_status("", ServingStatus::Serving).await;
+    health
+        .set_service_status(SERVICE_NAME, ServingStatus::Serving)
+        .await;
+    tracing::info!(
+        address = %local_addr,
+        store = store.backend_name(),
+        auth = auth.is_enabled(),
+        "idemd serving"
+    );
+
+    let sweeper = tokio::spawn(sweep_forever(Arc::clone(&engine), settings.sweep_interval));
+    let watcher = tokio::spawn(auth.watch(TOKENS_POLL));
+    let drain_timeout = settings.drain_timeout;
+    let task = tokio::spawn(async move {
+        let mut serve_task = serve_task;
+        let drain_deadline = async {
+            let _ = drain_rx.wait_for(|stop| *stop).await;
+            tokio::time::sleep(drain_timeout).await;
+        };
+        let served = tokio::select! {
+            result = &mut serve_task => result,
+            () = drain_deadline => {
+                tracing::warn!(timeout = ?drain_timeout, "drain timeout: abandoning in-flight requests");
+                serve_task.abort();
+                Ok(Ok(()))
+            }
+        };
+        sweeper.abort();
+        watcher.abort();
+        // Committing what was accepted matters more than a transport error.
+        let closed = store.close().await;
+        tracing::info!("store closed; bye");
+        served.map_err(|e| ServerError::Task(e.to_string()))??;
+        closed?;
+        Ok(())
+    });
+    Ok(RunningServer {
+        local_addr,
+        shutdown: shutdown_tx,
+        task,
+    })
+}
+
+async fn sweep_forever(engine: Arc<Engine>, interval: Duration) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        match engine.sweep_expired(SWEEP_BATCH).await {
+            Ok(0) => {}
+            Ok(removed) => tracing::debug!(removed, "swept expired records"),
+            Err(error) => tracing::warn!(%error, "sweeping expired records failed"),
+        }
+    }
+}

@@ -1,0 +1,712 @@
+//! The embedded store: one durable redb file, for a single idemd node.
+//!
+//! # Envelope
+//!
+//! * One process owns the file: redb takes an exclusive lock when it opens
+//!   it, and a second idemd pointed at the same `--data-dir` refuses to start.
+//!   This backend is for a single replica; use the CQL backend to scale out.
+//! * An acknowledged write survives `kill -9` and power loss: every commit is
+//!   made with [`redb::Durability::Immediate`] (fsync) before any reply.
+//!
+//! # Group commit
+//!
+//! All writes go through one writer thread. It takes the first waiting
+//! operation, then everything else already queued (up to [`MAX_BATCH`]),
+//! applies them in order inside one write transaction, commits once (one
+//! fsync) and only then replies to each. Under load many requests share one
+//! fsync; with one request in flight the latency is one commit. Operations in
+//! a batch see each other's effects, so the order of application is the
+//! linearization order.
+//!
+//! Reads use redb's MVCC read transactions and never wait for the writer.
+//!
+//! # Tables
+//!
+//! * `records`: record key → record (see [`codec`]).
+//! * `expiry`: (expires_at, record key) → (): what the sweeper deletes.
+//! * `pending`: (tenant, pending_since, endpoint, key) → (): what ListPending
+//!   reads; maintained in the same transaction as the record, so it can only
+//!   be stale for records that expired (filtered on read, swept later).
+
+pub mod codec;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use async_trait::async_trait;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{
+    CasOutcome, Expected, InsertOutcome, PendingPage, PendingQuery, Record, RecordKey, Store,
+    StoreError, StoreResult,
+};
+
+const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
+const EXPIRY: TableDefinition<&[u8], ()> = TableDefinition::new("expiry");
+const PENDING: TableDefinition<&[u8], ()> = TableDefinition::new("pending");
+
+/// Most operations applied in one write transaction: bounds the latency a
+/// batch adds to its first operation.
+pub const MAX_BATCH: usize = 1024;
+
+/// Depth of the queue in front of the writer: beyond it callers wait
+/// (backpressure instead of unbounded memory).
+const QUEUE_DEPTH: usize = 8192;
+
+/// Index entries examined per ListPending page beyond the page size before a
+/// page is returned short (with a token): bounds the work of one request when
+/// filters reject most entries.
+const MAX_PENDING_SCAN_EXTRA: usize = 10_000;
+
+/// File name of the database inside the data directory.
+pub const DATABASE_FILE: &str = "idemd.redb";
+
+/// Tunables of the embedded store.
+#[derive(Debug, Clone)]
+pub struct EmbeddedOptions {
+    /// Directory holding the database file; created if missing.
+    pub data_dir: PathBuf,
+    /// Page cache size in bytes (redb's cache; bounds memory use).
+    pub cache_bytes: usize,
+}
+
+impl EmbeddedOptions {
+    /// Defaults for `data_dir`.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            data_dir: data_dir.into(),
+            cache_bytes: 32 * 1024 * 1024,
+        }
+    }
+}
+
+enum WriteOp {
+    Insert {
+        record: Record,
+        now_ms: i64,
+        reply: oneshot::Sender<StoreResult<InsertOutcome>>,
+    },
+    Replace {
+        record: Record,
+        expected: Expected,
+        now_ms: i64,
+        reply: oneshot::Sender<StoreResult<CasOutcome>>,
+    },
+    Delete {
+        id: RecordKey,
+        expected: Expected,
+        now_ms: i64,
+        reply: oneshot::Sender<StoreResult<CasOutcome>>,
+    },
+    Sweep {
+        now_ms: i64,
+        max_records: usize,
+        reply: oneshot::Sender<StoreResult<usize>>,
+    },
+}
+
+/// Where the result of one operation goes, once the batch is committed.
+enum ReplySlot {
+    Insert(oneshot::Sender<StoreResult<InsertOutcome>>),
+    Cas(oneshot::Sender<StoreResult<CasOutcome>>),
+    Sweep(oneshot::Sender<StoreResult<usize>>),
+}
+
+/// The result of one operation, computed inside the transaction.
+enum Applied {
+    Insert(InsertOutcome),
+    Cas(CasOutcome),
+    Sweep(usize),
+}
+
+/// The part of an operation that the transaction needs.
+enum OpBody {
+    Insert {
+        record: Record,
+        now_ms: i64,
+    },
+    Replace {
+        record: Record,
+        expected: Expected,
+        now_ms: i64,
+    },
+    Delete {
+        id: RecordKey,
+        expected: Expected,
+        now_ms: i64,
+    },
+    Sweep {
+        now_ms: i64,
+        max_records: usize,
+    },
+}
+
+impl WriteOp {
+    fn split(self) -> (ReplySlot, OpBody) {
+        match self {
+            WriteOp::Insert {
+                record,
+                now_ms,
+                reply,
+            } => (ReplySlot::Insert(reply), OpBody::Insert { record, now_ms }),
+            WriteOp::Replace {
+                record,
+                expected,
+                now_ms,
+                reply,
+            } => (
+                ReplySlot::Cas(reply),
+                OpBody::Replace {
+                    record,
+                    expected,
+                    now_ms,
+                },
+            ),
+            WriteOp::Delete {
+                id,
+                expected,
+                now_ms,
+                reply,
+            } => (
+                ReplySlot::Cas(reply),
+                OpBody::Delete {
+                    id,
+                    expected,
+                    now_ms,
+                },
+            ),
+            WriteOp::Sweep {
+                now_ms,
+                max_records,
+                reply,
+            } => (
+                ReplySlot::Sweep(reply),
+                OpBody::Sweep {
+                    now_ms,
+                    max_records,
+                },
+            ),
+        }
+    }
+}
+
+impl ReplySlot {
+    // A dropped receiver means the caller went away (e.g. its RPC was
+    // cancelled); the write is committed regardless, which is what the
+    // caller's retry will find. Hence the ignored send results.
+    fn send(self, applied: Applied) {
+        match (self, applied) {
+            (ReplySlot::Insert(reply), Applied::Insert(outcome)) => drop(reply.send(Ok(outcome))),
+            (ReplySlot::Cas(reply), Applied::Cas(outcome)) => drop(reply.send(Ok(outcome))),
+            (ReplySlot::Sweep(reply), Applied::Sweep(count)) => drop(reply.send(Ok(count))),
+            (slot, _) => slot.send_err(StoreError::Unavailable(
+                "internal error: mismatched store reply".to_string(),
+            )),
+        }
+    }
+
+    fn send_err(self, error: StoreError) {
+        match self {
+            ReplySlot::Insert(reply) => drop(reply.send(Err(error))),
+            ReplySlot::Cas(reply) => drop(reply.send(Err(error))),
+            ReplySlot::Sweep(reply) => drop(reply.send(Err(error))),
+        }
+    }
+}
+
+/// The embedded backend. Cheap to share behind an `Arc`.
+pub struct EmbeddedStore {
+    /// Read side: MVCC snapshots, concurrent with the writer.
+    database: Arc<Database>,
+    /// Queue to the writer thread; `None` once closed.
+    writer: Mutex<Option<mpsc::Sender<WriteOp>>>,
+    /// The writer thread, joined on close so that every accepted write is
+    /// committed before `close` returns.
+    writer_thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for EmbeddedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedStore").finish_non_exhaustive()
+    }
+}
+
+fn storage_error(context: &str, error: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(format!("{context}: {error}"))
+}
+
+impl EmbeddedStore {
+    /// Opens (creating if needed) the database in `options.data_dir`.
+    ///
+    /// Fails if another process holds the file.
+    pub fn open(options: &EmbeddedOptions) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(&options.data_dir).map_err(|e| {
+            storage_error(
+                &format!("cannot create data dir {}", options.data_dir.display()),
+                e,
+            )
+        })?;
+        let path = options.data_dir.join(DATABASE_FILE);
+        let database = Database::builder()
+            .set_cache_size(options.cache_bytes)
+            .create(&path)
+            .map_err(|e| match e {
+                redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Unavailable(format!(
+                    "{} is already open in another process (the embedded store allows one owner)",
+                    path.display()
+                )),
+                other => storage_error(&format!("cannot open {}", path.display()), other),
+            })?;
+        let database = Arc::new(database);
+        // Create the tables up front so that read transactions never see a
+        // missing table.
+        let txn = database
+            .begin_write()
+            .map_err(|e| storage_error("begin", e))?;
+        {
+            txn.open_table(RECORDS)
+                .map_err(|e| storage_error("open", e))?;
+            txn.open_table(EXPIRY)
+                .map_err(|e| storage_error("open", e))?;
+            txn.open_table(PENDING)
+                .map_err(|e| storage_error("open", e))?;
+        }
+        txn.commit().map_err(|e| storage_error("commit", e))?;
+
+        let (sender, receiver) = mpsc::channel(QUEUE_DEPTH);
+        let writer_database = Arc::clone(&database);
+        let writer_thread = std::thread::Builder::new()
+            .name("idemd-store-writer".to_string())
+            .spawn(move || writer_loop(&writer_database, receiver))
+            .map_err(|e| storage_error("cannot start writer thread", e))?;
+        Ok(Self {
+            database,
+            writer: Mutex::new(Some(sender)),
+            writer_thread: Mutex::new(Some(writer_thread)),
+        })
+    }
+
+    /// Path of the database file for a data directory.
+    pub fn database_path(data_dir: &Path) -> PathBuf {
+        data_dir.join(DATABASE_FILE)
+    }
+
+    fn sender(&self) -> StoreResult<mpsc::Sender<WriteOp>> {
+        self.writer
+            .lock()
+            .map_err(|_| StoreError::Closed)?
+            .clone()
+            .ok_or(StoreError::Closed)
+    }
+
+    async fn submit<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<StoreResult<T>>) -> WriteOp,
+    ) -> StoreResult<T> {
+        let (reply, response) = oneshot::channel();
+        self.sender()?
+            .send(make(reply))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        // The writer replies to every operation it accepted; a dropped reply
+        // means it died mid-transaction, and a commit may or may not have
+        // happened.
+        response.await.unwrap_or_else(|_| {
+            Err(StoreError::Uncertain(
+                "the store writer stopped before confirming the write".to_string(),
+            ))
+        })
+    }
+
+    fn read_record(&self, id: &RecordKey, now_ms: i64) -> StoreResult<Option<Record>> {
+        let txn = self
+            .database
+            .begin_read()
+            .map_err(|e| storage_error("begin read", e))?;
+        let records = txn
+            .open_table(RECORDS)
+            .map_err(|e| storage_error("open", e))?;
+        read_live(&records, id, now_ms)
+    }
+}
+
+fn read_live(
+    records: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    id: &RecordKey,
+    now_ms: i64,
+) -> StoreResult<Option<Record>> {
+    let key = codec::record_key(id);
+    let Some(value) = records
+        .get(key.as_slice())
+        .map_err(|e| storage_error("read", e))?
+    else {
+        return Ok(None);
+    };
+    let record = codec::decode_record(id.clone(), value.value())
+        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    Ok(record.is_live(now_ms).then_some(record))
+}
+
+fn writer_loop(database: &Database, mut receiver: mpsc::Receiver<WriteOp>) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while let Some(first) = receiver.blocking_recv() {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match receiver.try_recv() {
+                Ok(op) => batch.push(op),
+                Err(_) => break,
+            }
+        }
+        apply_batch(database, &mut batch);
+    }
+}
+
+fn apply_batch(database: &Database, batch: &mut Vec<WriteOp>) {
+    let mut done: Vec<(ReplySlot, Applied)> = Vec::with_capacity(batch.len());
+    let mut not_applied: Vec<ReplySlot> = Vec::new();
+    let mut ops = batch.drain(..);
+    let result = (|| -> StoreResult<()> {
+        let txn = database
+            .begin_write()
+            .map_err(|e| storage_error("begin write", e))?;
+        {
+            let mut records = txn
+                .open_table(RECORDS)
+                .map_err(|e| storage_error("open", e))?;
+            let mut expiry = txn
+                .open_table(EXPIRY)
+                .map_err(|e| storage_error("open", e))?;
+            let mut pending = txn
+                .open_table(PENDING)
+                .map_err(|e| storage_error("open", e))?;
+            let mut tables = Tables {
+                records: &mut records,
+                expiry: &mut expiry,
+                pending: &mut pending,
+            };
+            for op in ops.by_ref() {
+                let (slot, body) = op.split();
+                match tables.apply(body) {
+                    Ok(applied) => done.push((slot, applied)),
+                    Err(error) => {
+                        not_applied.push(slot);
+                        return Err(error);
+                    }
+                }
+            }
+        }
+        txn.commit().map_err(|e| {
+            // A failed commit may have reached the disk partially (an fsync
+            // error is the classic case): the outcome is not known.
+            StoreError::Uncertain(format!("commit failed: {e}"))
+        })
+    })();
+    match result {
+        Ok(()) => {
+            for (slot, applied) in done {
+                slot.send(applied);
+            }
+        }
+        Err(error) => {
+            // The transaction was dropped (aborted) or its commit failed:
+            // every operation of the batch shares that fate.
+            not_applied.extend(ops.map(|op| op.split().0));
+            for slot in done.into_iter().map(|(slot, _)| slot).chain(not_applied) {
+                slot.send_err(error.clone());
+            }
+        }
+    }
+}
+
+/// The three tables of one write transaction, kept consistent together.
+struct Tables<'a, 'txn> {
+    records: &'a mut redb::Table<'txn, &'static [u8], &'static [u8]>,
+    expiry: &'a mut redb::Table<'txn, &'static [u8], ()>,
+    pending: &'a mut redb::Table<'txn, &'static [u8], ()>,
+}
+
+impl Tables<'_, '_> {
+    /// Applies one operation. An error aborts the whole batch (nothing of
+    /// it is committed).
+    fn apply(&mut self, body: OpBody) -> StoreResult<Applied> {
+        Ok(match body {
+            OpBody::Insert { record, now_ms } => {
+                Applied::Insert(match self.read_any(&record.id)? {
+                    Some(existing) if existing.is_live(now_ms) => InsertOutcome::Exists(existing),
+                    stale => {
+                        if let Some(stale) = stale {
+                            self.remove(&stale)?;
+                        }
+                        self.put(&record)?;
+                        InsertOutcome::Inserted
+                    }
+                })
+            }
+            OpBody::Replace {
+                record,
+                expected,
+                now_ms,
+            } => Applied::Cas(match self.read_live_at(&record.id, now_ms)? {
+                Some(current) if expected.is_met_by(&current) => {
+                    self.remove(&current)?;
+                    self.put(&record)?;
+                    CasOutcome::Applied
+                }
+                current => CasOutcome::Conflict { current },
+            }),
+            OpBody::Delete {
+                id,
+                expected,
+                now_ms,
+            } => Applied::Cas(match self.read_live_at(&id, now_ms)? {
+                Some(current) if expected.is_met_by(&current) => {
+                    self.remove(&current)?;
+                    CasOutcome::Applied
+                }
+                current => CasOutcome::Conflict { current },
+            }),
+            OpBody::Sweep {
+                now_ms,
+                max_records,
+            } => Applied::Sweep(self.sweep(now_ms, max_records)?),
+        })
+    }
+
+    fn read_live_at(&self, id: &RecordKey, now_ms: i64) -> StoreResult<Option<Record>> {
+        read_live(&*self.records, id, now_ms)
+    }
+
+    /// The stored record, live or expired.
+    fn read_any(&self, id: &RecordKey) -> StoreResult<Option<Record>> {
+        read_live(&*self.records, id, i64::MIN)
+    }
+
+    /// Writes a record and its index entries.
+    fn put(&mut self, record: &Record) -> StoreResult<()> {
+        let key = codec::record_key(&record.id);
+        let value = codec::encode_record(record);
+        self.records
+            .insert(key.as_slice(), value.as_slice())
+            .map_err(|e| storage_error("write", e))?;
+        self.expiry
+            .insert(
+                codec::expiry_key(record.expires_at_ms, &record.id).as_slice(),
+                (),
+            )
+            .map_err(|e| storage_error("write", e))?;
+        if let Some(since) = record.pending_since_ms() {
+            self.pending
+                .insert(codec::pending_key(since, &record.id).as_slice(), ())
+                .map_err(|e| storage_error("write", e))?;
+        }
+        Ok(())
+    }
+
+    /// Removes a record (as currently stored) and its index entries.
+    fn remove(&mut self, record: &Record) -> StoreResult<()> {
+        self.records
+            .remove(codec::record_key(&record.id).as_slice())
+            .map_err(|e| storage_error("write", e))?;
+        self.expiry
+            .remove(codec::expiry_key(record.expires_at_ms, &record.id).as_slice())
+            .map_err(|e| storage_error("write", e))?;
+        if let Some(since) = record.pending_since_ms() {
+            self.pending
+                .remove(codec::pending_key(since, &record.id).as_slice())
+                .map_err(|e| storage_error("write", e))?;
+        }
+        Ok(())
+    }
+
+    /// Removes up to `max_records` records expired at `now_ms`.
+    fn sweep(&mut self, now_ms: i64, max_records: usize) -> StoreResult<usize> {
+        let upper = codec::encode_instant(now_ms);
+        let mut due: Vec<(i64, RecordKey)> = Vec::new();
+        for entry in self
+            .expiry
+            .range::<&[u8]>(..upper.as_slice())
+            .map_err(|e| storage_error("read", e))?
+            .take(max_records)
+        {
+            let (key, _) = entry.map_err(|e| storage_error("read", e))?;
+            due.push(
+                codec::decode_expiry_key(key.value())
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+            );
+        }
+        let mut removed = 0;
+        for (expires_at_ms, id) in due {
+            match self.read_any(&id)? {
+                // Only the record this entry was written for; a record
+                // re-created under the same key has its own entry.
+                Some(record)
+                    if record.expires_at_ms == expires_at_ms && !record.is_live(now_ms) =>
+                {
+                    self.remove(&record)?;
+                    removed += 1;
+                }
+                _ => {
+                    self.expiry
+                        .remove(codec::expiry_key(expires_at_ms, &id).as_slice())
+                        .map_err(|e| storage_error("write", e))?;
+                }
+            }
+        }
+        Ok(removed)
+    }
+}
+
+#[async_trait]
+impl Store for EmbeddedStore {
+    fn backend_name(&self) -> &'static str {
+        "embedded"
+    }
+
+    async fn get(&self, id: &RecordKey, now_ms: i64) -> StoreResult<Option<Record>> {
+        // redb reads are served from its page cache or a positioned read of
+        // the file; short enough to run inline rather than pay a hop to the
+        // blocking pool on the replay hot path.
+        self.read_record(id, now_ms)
+    }
+
+    async fn insert_if_absent(&self, record: &Record, now_ms: i64) -> StoreResult<InsertOutcome> {
+        let record = record.clone();
+        self.submit(|reply| WriteOp::Insert {
+            record,
+            now_ms,
+            reply,
+        })
+        .await
+    }
+
+    async fn replace_if(
+        &self,
+        record: &Record,
+        expected: &Expected,
+        now_ms: i64,
+    ) -> StoreResult<CasOutcome> {
+        let record = record.clone();
+        let expected = expected.clone();
+        self.submit(|reply| WriteOp::Replace {
+            record,
+            expected,
+            now_ms,
+            reply,
+        })
+        .await
+    }
+
+    async fn delete_if(
+        &self,
+        id: &RecordKey,
+        expected: &Expected,
+        now_ms: i64,
+    ) -> StoreResult<CasOutcome> {
+        let id = id.clone();
+        let expected = expected.clone();
+        self.submit(|reply| WriteOp::Delete {
+            id,
+            expected,
+            now_ms,
+            reply,
+        })
+        .await
+    }
+
+    async fn list_pending(&self, query: &PendingQuery, now_ms: i64) -> StoreResult<PendingPage> {
+        let prefix = codec::pending_tenant_prefix(&query.tenant);
+        let start = match &query.page_token {
+            Some(token) => {
+                codec::decode_pending_position(&query.tenant, token)
+                    .map_err(|_| StoreError::InvalidPageToken)?;
+                let mut start = prefix.clone();
+                start.extend_from_slice(token);
+                // Exclusive of the last entry returned.
+                start.push(0);
+                start
+            }
+            None => prefix.clone(),
+        };
+        let mut end = prefix.clone();
+        end.extend_from_slice(&codec::encode_instant(now_ms));
+        // Entries with pending_since <= now are due: include the whole
+        // instant `now_ms` by extending the bound past every suffix.
+        end.push(0xff);
+
+        let txn = self
+            .database
+            .begin_read()
+            .map_err(|e| storage_error("begin read", e))?;
+        let index = txn
+            .open_table(PENDING)
+            .map_err(|e| storage_error("open", e))?;
+        let records = txn
+            .open_table(RECORDS)
+            .map_err(|e| storage_error("open", e))?;
+        let mut page = PendingPage::default();
+        let scan_limit = query.page_size.saturating_add(MAX_PENDING_SCAN_EXTRA);
+        let mut last_position: Option<Vec<u8>> = None;
+        for (scanned, entry) in index
+            .range::<&[u8]>(start.as_slice()..end.as_slice())
+            .map_err(|e| storage_error("read", e))?
+            .enumerate()
+        {
+            if page.records.len() >= query.page_size || scanned >= scan_limit {
+                page.next_page_token = last_position.take();
+                break;
+            }
+            let (key, _) = entry.map_err(|e| storage_error("read", e))?;
+            let position = &key.value()[prefix.len()..];
+            last_position = Some(position.to_vec());
+            let (since, id) = codec::decode_pending_position(&query.tenant, position)
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            if query.endpoint.as_ref().is_some_and(|e| *e != id.endpoint) {
+                continue;
+            }
+            let Some(record) = read_live(&records, &id, now_ms)? else {
+                continue;
+            };
+            if record.pending_since_ms() != Some(since) || !record.needs_decision(now_ms) {
+                continue;
+            }
+            if query
+                .created_at_or_before_ms
+                .is_some_and(|limit| record.created_at_ms > limit)
+            {
+                continue;
+            }
+            page.records.push(record);
+        }
+        Ok(page)
+    }
+
+    async fn sweep_expired(&self, now_ms: i64, max_records: usize) -> StoreResult<usize> {
+        self.submit(|reply| WriteOp::Sweep {
+            now_ms,
+            max_records,
+            reply,
+        })
+        .await
+    }
+
+    async fn close(&self) -> StoreResult<()> {
+        // Dropping the only sender lets the writer drain the queue, commit
+        // and exit.
+        let sender = self.writer.lock().map_err(|_| StoreError::Closed)?.take();
+        drop(sender);
+        let thread = self
+            .writer_thread
+            .lock()
+            .map_err(|_| StoreError::Closed)?
+            .take();
+        if let Some(thread) = thread {
+            tokio::task::spawn_blocking(move || thread.join())
+                .await
+                .map_err(|e| storage_error("join writer", e))?
+                .map_err(|_| StoreError::Unavailable("store writer panicked".to_string()))?;
+        }
+        Ok(())
+    }
+}

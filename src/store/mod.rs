@@ -1,0 +1,299 @@
+//! Storage: the [`Store`] trait and its backends.
+//!
+//! The trait is the only seam between the engine and storage. It is shaped
+//! after what a distributed store with lightweight transactions can do
+//! atomically on one row, so that the embedded backend and the CQL backend
+//! implement the same contract:
+//!
+//! * every write is conditional: insert-if-absent, replace-if, delete-if,
+//!   with the condition being the row's state and lease token;
+//! * expiry is native: a record whose `expires_at_ms` has passed is absent for
+//!   every method, whether or not a sweeper has removed it yet;
+//! * the pending index (records that need a decision) is maintained by the
+//!   backend with the record, never by the caller.
+//!
+//! Backends never build a `tonic::Status`: they report [`StoreError`], which
+//! distinguishes "nothing was applied" from "the outcome is unknown".
+//!
+//! Backends: [`embedded`] (one durable file, single node).
+
+pub mod embedded;
+
+use async_trait::async_trait;
+
+/// Identity of a record: what one idempotency key means.
+///
+/// The tenant is always part of it, so no lookup can cross tenants.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RecordKey {
+    /// The authenticated tenant (from credentials, never from the request).
+    pub tenant: String,
+    /// The logical endpoint, e.g. `POST /v1/payments`.
+    pub endpoint: String,
+    /// The client's idempotency key.
+    pub key: String,
+}
+
+/// Lifecycle state of a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RecordState {
+    /// A caller holds the claim and is running the side effect.
+    InProgress,
+    /// The response is stored; every retry replays it.
+    Completed,
+    /// The side effect failed definitively; needs a decision.
+    Failed,
+    /// The side effect may or may not have happened; needs a decision.
+    Unknown,
+}
+
+impl RecordState {
+    /// Stable lowercase name (logs, metrics, storage).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordState::InProgress => "in_progress",
+            RecordState::Completed => "completed",
+            RecordState::Failed => "failed",
+            RecordState::Unknown => "unknown",
+        }
+    }
+}
+
+/// A response as an HTTP front end would send it, stored verbatim.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StoredResponse {
+    /// HTTP status code.
+    pub status: u32,
+    /// Headers in the order given, repeats kept (replay must be verbatim).
+    pub headers: Vec<(String, String)>,
+    /// Body bytes.
+    pub body: Vec<u8>,
+    /// Pointer to a body kept elsewhere, for responses too large to store.
+    pub body_ref: String,
+}
+
+impl StoredResponse {
+    /// Bytes this response occupies in a record: what `max_response_bytes`
+    /// limits and what a cache of responses is charged.
+    pub fn stored_size(&self) -> usize {
+        self.body.len()
+            + self.body_ref.len()
+            + self
+                .headers
+                .iter()
+                .map(|(name, value)| name.len() + value.len())
+                .sum::<usize>()
+    }
+}
+
+/// One idempotency record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// Which key this is.
+    pub id: RecordKey,
+    /// Where in the lifecycle it is.
+    pub state: RecordState,
+    /// Fingerprint of the request that claimed the key; never overwritten.
+    pub fingerprint: Vec<u8>,
+    /// 1 for the first execution, incremented on each takeover.
+    pub attempt: u32,
+    /// Fencing token of the current holder (at least 128 random bits). Kept
+    /// after completion so that a retried Complete can be recognized.
+    pub lease_token: String,
+    /// The `attempt_id` of the Claim call that created the current lease:
+    /// lets a retried Claim RPC get its own lease back.
+    pub attempt_id: String,
+    /// When the key was first claimed.
+    pub created_at_ms: i64,
+    /// Last state change; for FAILED/UNKNOWN records, when they started to
+    /// need a decision.
+    pub updated_at_ms: i64,
+    /// While IN_PROGRESS: after this the claim is stale.
+    pub lease_expires_at_ms: i64,
+    /// When the response was stored (COMPLETED only).
+    pub completed_at_ms: Option<i64>,
+    /// End of the dedup window; the record is absent from then on.
+    pub expires_at_ms: i64,
+    /// The stored response (COMPLETED only).
+    pub response: Option<StoredResponse>,
+    /// Why the record is FAILED or UNKNOWN.
+    pub reason: String,
+}
+
+impl Record {
+    /// Whether the record still exists at `now_ms` (expiry is exclusive).
+    pub fn is_live(&self, now_ms: i64) -> bool {
+        now_ms < self.expires_at_ms
+    }
+
+    /// Whether the record needs a decision at `now_ms`: IN_PROGRESS past
+    /// its lease, or FAILED, or UNKNOWN.
+    pub fn needs_decision(&self, now_ms: i64) -> bool {
+        match self.state {
+            RecordState::InProgress => now_ms >= self.lease_expires_at_ms,
+            RecordState::Failed | RecordState::Unknown => true,
+            RecordState::Completed => false,
+        }
+    }
+
+    /// The instant from which the record needs a decision (`None` for
+    /// completed records): the sort key of the pending index.
+    pub fn pending_since_ms(&self) -> Option<i64> {
+        match self.state {
+            RecordState::InProgress => Some(self.lease_expires_at_ms),
+            RecordState::Failed | RecordState::Unknown => Some(self.updated_at_ms),
+            RecordState::Completed => None,
+        }
+    }
+}
+
+/// The condition of a conditional write: the row must be live, in this
+/// state, and held with this lease token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expected {
+    /// Required current state.
+    pub state: RecordState,
+    /// Required current lease token.
+    pub lease_token: String,
+}
+
+impl Expected {
+    /// The condition that `record` satisfies right now.
+    pub fn matching(record: &Record) -> Self {
+        Self {
+            state: record.state,
+            lease_token: record.lease_token.clone(),
+        }
+    }
+
+    /// Whether `record` satisfies the condition.
+    pub fn is_met_by(&self, record: &Record) -> bool {
+        record.state == self.state && record.lease_token == self.lease_token
+    }
+}
+
+/// Result of [`Store::insert_if_absent`].
+// The record is moved once from the store to the engine and never held in
+// bulk, so boxing it would only add an allocation per write.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InsertOutcome {
+    /// The record was written.
+    Inserted,
+    /// A live record exists; nothing was written.
+    Exists(Record),
+}
+
+/// Result of a conditional replace or delete.
+#[allow(clippy::large_enum_variant)] // see InsertOutcome
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CasOutcome {
+    /// The condition held and the write was applied.
+    Applied,
+    /// The condition did not hold; nothing was written. `current` is the
+    /// live record (if any) as of the check.
+    Conflict {
+        /// The live record at the time of the check, `None` when absent.
+        current: Option<Record>,
+    },
+}
+
+/// A page request over the pending index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingQuery {
+    /// Whose records.
+    pub tenant: String,
+    /// Only this endpoint, when set.
+    pub endpoint: Option<String>,
+    /// Only records created at or before this instant, when set.
+    pub created_at_or_before_ms: Option<i64>,
+    /// Maximum records to return.
+    pub page_size: usize,
+    /// Continuation from a previous page ([`PendingPage::next_page_token`]);
+    /// opaque to the caller, meaningful only to the backend that issued it.
+    pub page_token: Option<Vec<u8>>,
+}
+
+/// A page of records that need a decision, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PendingPage {
+    /// Records that needed a decision when read.
+    pub records: Vec<Record>,
+    /// Present when more records may follow.
+    pub next_page_token: Option<Vec<u8>>,
+}
+
+/// What went wrong in a store.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached or refused the operation; nothing was
+    /// applied. Safe to retry.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The write may or may not have been applied and a read could not tell
+    /// which. Never reported as success or as failure.
+    #[error("store write outcome unknown: {0}")]
+    Uncertain(String),
+    /// A page token that this backend did not issue.
+    #[error("invalid page token")]
+    InvalidPageToken,
+    /// Stored data could not be decoded.
+    #[error("stored record is corrupt: {0}")]
+    Corrupt(String),
+    /// The store is shutting down.
+    #[error("store is closed")]
+    Closed,
+}
+
+/// Result type of store operations.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// The storage contract. Every method is atomic on one record; `now_ms` is
+/// the caller's clock, used for expiry so that every backend agrees with the
+/// engine on what "expired" means.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Short backend name for logs and metrics (`embedded`, `cql`).
+    fn backend_name(&self) -> &'static str;
+
+    /// The live record for `id`, or `None` if absent or expired.
+    async fn get(&self, id: &RecordKey, now_ms: i64) -> StoreResult<Option<Record>>;
+
+    /// Writes `record` if no live record exists for `record.id` (an expired
+    /// one is replaced). Atomic: of N concurrent inserts of one key exactly
+    /// one gets [`InsertOutcome::Inserted`]; the others get the winner's
+    /// record. Durable before it returns.
+    async fn insert_if_absent(&self, record: &Record, now_ms: i64) -> StoreResult<InsertOutcome>;
+
+    /// Replaces the live record for `record.id` with `record` if it meets
+    /// `expected`. The replacement must keep `expires_at_ms` (the engine
+    /// guarantees it; backends write the remaining TTL). Durable before it
+    /// returns [`CasOutcome::Applied`].
+    async fn replace_if(
+        &self,
+        record: &Record,
+        expected: &Expected,
+        now_ms: i64,
+    ) -> StoreResult<CasOutcome>;
+
+    /// Deletes the live record for `id` if it meets `expected`. Durable
+    /// before it returns [`CasOutcome::Applied`].
+    async fn delete_if(
+        &self,
+        id: &RecordKey,
+        expected: &Expected,
+        now_ms: i64,
+    ) -> StoreResult<CasOutcome>;
+
+    /// The tenant's records that need a decision at `now_ms`, oldest
+    /// `pending_since` first, from an index (never a scan of all records).
+    async fn list_pending(&self, query: &PendingQuery, now_ms: i64) -> StoreResult<PendingPage>;
+
+    /// Physically removes up to `max_records` records expired at `now_ms`;
+    /// returns how many were removed. Backends with native TTL return 0.
+    async fn sweep_expired(&self, now_ms: i64, max_records: usize) -> StoreResult<usize>;
+
+    /// Finishes every accepted write and releases the store. Later calls
+    /// fail with [`StoreError::Closed`].
+    async fn close(&self) -> StoreResult<()>;
+}
