@@ -118,3 +118,31 @@ async fn steady_load_with_sweeping_keeps_the_file_bounded() {
         "file keeps growing despite sweeping: {sizes:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writes_share_commits() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Arc::new(EmbeddedStore::open(&EmbeddedOptions::new(dir.path())).expect("open"));
+    let writes = 2000;
+    let mut tasks = Vec::new();
+    for i in 0..writes {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            store
+                .insert_if_absent(&record(&format!("g{i}"), 0, 1_000_000), 0)
+                .await
+        }));
+    }
+    for task in tasks {
+        assert_eq!(
+            task.await.expect("task").expect("insert"),
+            InsertOutcome::Inserted
+        );
+    }
+    let (commits, operations) = store.writer_stats();
+    assert_eq!(operations, writes, "every write committed");
+    assert!(
+        commits < writes / 4,
+        "group commit: {operations} writes took {commits} commits (fsyncs)"
+    );
+}

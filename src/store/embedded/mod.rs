@@ -31,6 +31,7 @@
 pub mod codec;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -216,8 +217,19 @@ impl ReplySlot {
     }
 }
 
+/// Counters of the writer, for tests and metrics.
+#[derive(Debug, Default)]
+pub struct WriterStats {
+    /// Write transactions committed (one fsync each).
+    pub commits: AtomicU64,
+    /// Operations applied in committed transactions.
+    pub operations: AtomicU64,
+}
+
 /// The embedded backend. Cheap to share behind an `Arc`.
 pub struct EmbeddedStore {
+    /// Group-commit counters shared with the writer thread.
+    stats: Arc<WriterStats>,
     /// Read side: MVCC snapshots, concurrent with the writer.
     database: Arc<Database>,
     /// Queue to the writer thread; `None` once closed.
@@ -277,15 +289,26 @@ impl EmbeddedStore {
 
         let (sender, receiver) = mpsc::channel(QUEUE_DEPTH);
         let writer_database = Arc::clone(&database);
+        let stats = Arc::new(WriterStats::default());
+        let writer_stats = Arc::clone(&stats);
         let writer_thread = std::thread::Builder::new()
             .name("idemd-store-writer".to_string())
-            .spawn(move || writer_loop(&writer_database, receiver))
+            .spawn(move || writer_loop(&writer_database, receiver, &writer_stats))
             .map_err(|e| storage_error("cannot start writer thread", e))?;
         Ok(Self {
+            stats,
             database,
             writer: Mutex::new(Some(sender)),
             writer_thread: Mutex::new(Some(writer_thread)),
         })
+    }
+
+    /// Group-commit counters: `operations / commits` is the average batch.
+    pub fn writer_stats(&self) -> (u64, u64) {
+        (
+            self.stats.commits.load(Ordering::Relaxed),
+            self.stats.operations.load(Ordering::Relaxed),
+        )
     }
 
     /// Path of the database file for a data directory.
@@ -349,7 +372,7 @@ fn read_live(
     Ok(record.is_live(now_ms).then_some(record))
 }
 
-fn writer_loop(database: &Database, mut receiver: mpsc::Receiver<WriteOp>) {
+fn writer_loop(database: &Database, mut receiver: mpsc::Receiver<WriteOp>, stats: &WriterStats) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = receiver.blocking_recv() {
         batch.push(first);
@@ -359,11 +382,16 @@ fn writer_loop(database: &Database, mut receiver: mpsc::Receiver<WriteOp>) {
                 Err(_) => break,
             }
         }
-        apply_batch(database, &mut batch);
+        let size = batch.len() as u64;
+        if apply_batch(database, &mut batch) {
+            stats.commits.fetch_add(1, Ordering::Relaxed);
+            stats.operations.fetch_add(size, Ordering::Relaxed);
+        }
     }
 }
 
-fn apply_batch(database: &Database, batch: &mut Vec<WriteOp>) {
+/// Applies and commits one batch, then replies; true when it committed.
+fn apply_batch(database: &Database, batch: &mut Vec<WriteOp>) -> bool {
     let mut done: Vec<(ReplySlot, Applied)> = Vec::with_capacity(batch.len());
     let mut not_applied: Vec<ReplySlot> = Vec::new();
     let mut ops = batch.drain(..);
@@ -408,6 +436,7 @@ fn apply_batch(database: &Database, batch: &mut Vec<WriteOp>) {
             for (slot, applied) in done {
                 slot.send(applied);
             }
+            true
         }
         Err(error) => {
             // The transaction was dropped (aborted) or its commit failed:
@@ -416,6 +445,7 @@ fn apply_batch(database: &Database, batch: &mut Vec<WriteOp>) {
             for slot in done.into_iter().map(|(slot, _)| slot).chain(not_applied) {
                 slot.send_err(error.clone());
             }
+            false
         }
     }
 }
