@@ -1,7 +1,14 @@
-# idemd developer entry points. `make test` is what CI runs (.ci/run).
+# idemd developer entry points. `make test` is what CI runs (.ci/run) and
+# what a newcomer runs: it installs what it needs (SDK toolchains'
+# dependencies, Cassandra jars) from package registries into ignored caches.
 CARGO ?= cargo
+# Where cargo puts binaries (CI points CARGO_TARGET_DIR at a cache).
+TARGET_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target))
+# The server binary the SDK conformance suites start.
+IDEMD_BIN ?= $(TARGET_DIR)/debug/idemd
+SDKS := python go typescript java
 
-.PHONY: all build release test fmt-check clippy cargo-test run clean
+.PHONY: all build release test fmt-check clippy cargo-test sdk-test $(addprefix sdk-,$(SDKS)) run clean
 
 all: build
 
@@ -12,7 +19,7 @@ release:
 	$(CARGO) build --release
 
 ## test: everything CI checks, from a fresh machine.
-test: fmt-check clippy cargo-test
+test: fmt-check clippy cargo-test sdk-test
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -23,6 +30,12 @@ clippy:
 cargo-test:
 	$(CARGO) test --all-targets
 	$(CARGO) test --doc
+
+## sdk-test: the four client SDKs against a live idemd (shared conformance suite).
+sdk-test: $(addprefix sdk-,$(SDKS))
+
+$(addprefix sdk-,$(SDKS)): build
+	IDEMD_BIN=$(IDEMD_BIN) clients/$(@:sdk-%=%)/test.sh
 
 run:
 	$(CARGO) run --release

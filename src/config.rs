@@ -33,6 +33,7 @@ use serde::Deserialize;
 
 use crate::engine::{ExpiredLeasePolicy, Policy, PolicySet, validate};
 use crate::fingerprint;
+use crate::store::cql::{CqlConsistency, CqlOptions};
 
 /// Largest `max_response_bytes` a policy may set: a stored response must fit
 /// in one gRPC message with room to spare.
@@ -68,11 +69,124 @@ pub struct Cli {
 pub enum Command {
     /// Serve the gRPC API (the default).
     Serve(ServeArgs),
+    /// Create the CQL keyspace and apply pending schema migrations.
+    Migrate(MigrateArgs),
+}
+
+/// Which backend holds the records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum StoreKind {
+    /// One durable file in `--data-dir`; a single replica.
+    #[default]
+    Embedded,
+    /// ScyllaDB or Cassandra (`--cql-nodes`); any number of replicas.
+    Cql,
+}
+
+/// Connection flags of the CQL backend (shared by `serve` and `migrate`).
+#[derive(Debug, Clone, Args)]
+pub struct CqlArgs {
+    /// CQL contact points, comma-separated `host:port`.
+    #[arg(
+        long,
+        env = "IDEMD_CQL_NODES",
+        value_delimiter = ',',
+        default_value = "127.0.0.1:9042"
+    )]
+    pub cql_nodes: Vec<String>,
+    /// Keyspace of idemd's tables.
+    #[arg(long, env = "IDEMD_KEYSPACE", default_value = "idemd")]
+    pub keyspace: String,
+    /// Username (password authentication).
+    #[arg(long, env = "IDEMD_CQL_USERNAME")]
+    pub cql_username: Option<String>,
+    /// Password (password authentication); prefer the environment variable.
+    #[arg(long, env = "IDEMD_CQL_PASSWORD", hide_env_values = true)]
+    pub cql_password: Option<String>,
+    /// PEM CA bundle; enables TLS to the cluster.
+    #[arg(long, env = "IDEMD_CQL_TLS_CA")]
+    pub cql_tls_ca: Option<PathBuf>,
+    /// Consistency: `quorum` (QUORUM + SERIAL) or `local-quorum`
+    /// (LOCAL_QUORUM + LOCAL_SERIAL, multi-datacenter).
+    #[arg(long, env = "IDEMD_CQL_CONSISTENCY", value_enum, default_value_t = CqlConsistency::Quorum)]
+    pub cql_consistency: CqlConsistency,
+    /// Local datacenter (preferred for routing; use with local-quorum).
+    #[arg(long, env = "IDEMD_CQL_LOCAL_DC")]
+    pub cql_local_dc: Option<String>,
+    /// Client-side timeout of each CQL statement.
+    #[arg(long, env = "IDEMD_CQL_REQUEST_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub cql_request_timeout: Duration,
+}
+
+impl CqlArgs {
+    /// Connection options, with `max_ttl` the longest ttl of any policy.
+    pub fn options(&self, max_ttl: Duration) -> Result<CqlOptions, ConfigError> {
+        crate::store::cql::validate_keyspace(&self.keyspace)
+            .map_err(|e| ConfigError::new("keyspace", e))?;
+        if self.cql_nodes.iter().all(|n| n.trim().is_empty()) {
+            return Err(ConfigError::new(
+                "cql_nodes",
+                "at least one contact point is required",
+            ));
+        }
+        if self.cql_username.is_some() != self.cql_password.is_some() {
+            return Err(ConfigError::new(
+                "cql_username",
+                "username and password must be given together",
+            ));
+        }
+        if self.cql_request_timeout.is_zero() {
+            return Err(ConfigError::new(
+                "cql_request_timeout",
+                "must be greater than zero",
+            ));
+        }
+        Ok(CqlOptions {
+            nodes: self
+                .cql_nodes
+                .iter()
+                .map(|n| n.trim().to_string())
+                .collect(),
+            keyspace: self.keyspace.clone(),
+            username: self.cql_username.clone(),
+            password: self.cql_password.clone(),
+            tls_ca: self.cql_tls_ca.clone(),
+            consistency: self.cql_consistency,
+            local_datacenter: self.cql_local_dc.clone(),
+            request_timeout: self.cql_request_timeout,
+            max_ttl,
+        })
+    }
+}
+
+/// Flags of `idemd migrate`.
+#[derive(Debug, Clone, Args)]
+pub struct MigrateArgs {
+    /// Connection flags.
+    #[command(flatten)]
+    pub cql: CqlArgs,
+    /// Replication of the keyspace when it is created, as a CQL map. Use
+    /// `{'class': 'NetworkTopologyStrategy', 'dc1': 3}` in production.
+    #[arg(
+        long,
+        env = "IDEMD_REPLICATION",
+        default_value = "{'class': 'SimpleStrategy', 'replication_factor': 1}"
+    )]
+    pub replication: String,
+    /// Log format.
+    #[arg(long, env = "IDEMD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
+    pub log_format: LogFormat,
 }
 
 /// Flags of `idemd serve`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
+    /// Where records live.
+    #[arg(long, env = "IDEMD_STORE", value_enum, default_value_t = StoreKind::Embedded)]
+    pub store: StoreKind,
+    /// CQL connection flags (with `--store cql`).
+    #[command(flatten)]
+    pub cql: CqlArgs,
     /// gRPC listen address.
     #[arg(long, env = "IDEMD_LISTEN", default_value = "0.0.0.0:50051")]
     pub listen: SocketAddr,
@@ -122,9 +236,20 @@ impl ConfigError {
     }
 }
 
+/// The store a server runs on.
+#[derive(Debug, Clone)]
+pub enum StoreSettings {
+    /// The embedded file store in `Settings::data_dir`.
+    Embedded,
+    /// A CQL cluster.
+    Cql(CqlOptions),
+}
+
 /// Validated settings of the server.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// Where records live.
+    pub store: StoreSettings,
     /// gRPC listen address.
     pub listen: SocketAddr,
     /// Embedded store directory.
@@ -149,6 +274,7 @@ impl Settings {
     /// Settings for tests and embedding: defaults, given data dir.
     pub fn for_data_dir(data_dir: impl Into<PathBuf>) -> Self {
         Self {
+            store: StoreSettings::Embedded,
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             data_dir: data_dir.into(),
             auth_tokens: None,
@@ -167,7 +293,19 @@ impl Settings {
             Some(path) => load_policies(path)?,
             None => PolicySet::default(),
         };
+        let max_ttl = policies
+            .endpoints
+            .values()
+            .map(|p| p.max_ttl)
+            .chain([policies.default.max_ttl])
+            .max()
+            .unwrap_or_default();
+        let store = match args.store {
+            StoreKind::Embedded => StoreSettings::Embedded,
+            StoreKind::Cql => StoreSettings::Cql(args.cql.options(max_ttl)?),
+        };
         let settings = Self {
+            store,
             listen: args.listen,
             data_dir: args.data_dir.clone(),
             auth_tokens: args.auth_tokens.clone(),

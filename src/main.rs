@@ -6,15 +6,15 @@ use std::sync::Arc;
 
 use clap::Parser;
 use idemd::clock::SystemClock;
-use idemd::config::{Cli, Command, LogFormat, Settings};
+use idemd::config::{Cli, Command, LogFormat, MigrateArgs, Settings};
 
-fn init_logging(settings: &Settings) {
-    let filter = tracing_subscriber::EnvFilter::try_new(&settings.log)
+fn init_logging(filter: &str, format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    match settings.log_format {
+    match format {
         LogFormat::Json => builder.json().flatten_event(true).init(),
         LogFormat::Human => builder.init(),
     }
@@ -42,10 +42,59 @@ async fn shutdown_signal() {
     }
 }
 
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| {
+            eprintln!("idemd: cannot start the runtime: {error}");
+            ExitCode::FAILURE
+        })
+}
+
+/// `idemd migrate`: create the keyspace, apply pending migrations.
+fn migrate(args: &MigrateArgs) -> ExitCode {
+    init_logging("info", args.log_format);
+    let options = match args
+        .cql
+        .options(std::time::Duration::from_secs(7 * 24 * 3600))
+    {
+        Ok(options) => options,
+        Err(error) => {
+            eprintln!("idemd: invalid configuration: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".to_string());
+    let owner = format!("{host}/{}", std::process::id());
+    match runtime.block_on(idemd::store::cql::migrate::run(
+        &options,
+        &args.replication,
+        &owner,
+    )) {
+        Ok(report) => {
+            println!(
+                "migrations applied by this run: {:?}; already applied: {:?}",
+                report.applied, report.already_applied
+            );
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("idemd migrate: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let args = match cli.command {
         Some(Command::Serve(args)) => args,
+        Some(Command::Migrate(args)) => return migrate(&args),
         None => cli.serve,
     };
     let settings = match Settings::from_args(&args) {
@@ -55,16 +104,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(&settings);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    init_logging(&settings.log, settings.log_format);
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("idemd: cannot start the runtime: {error}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let result = runtime.block_on(async {
         let server = idemd::server::start(settings, Arc::new(SystemClock)).await?;

@@ -23,10 +23,11 @@ use tonic_health::ServingStatus;
 use crate::api::IdempotencyService;
 use crate::auth::Authenticator;
 use crate::clock::SharedClock;
-use crate::config::Settings;
+use crate::config::{Settings, StoreSettings};
 use crate::engine::Engine;
 use crate::proto::v1 as pb;
 use crate::store::Store;
+use crate::store::cql::CqlStore;
 use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
 
 /// Fully qualified name of the service, as health checks know it.
@@ -137,27 +138,36 @@ impl RunningServer {
     }
 }
 
-/// Binds, opens the embedded store and starts serving. Returns once the
-/// store is open and the service is `SERVING`.
-pub async fn start(settings: Settings, clock: SharedClock) -> Result<RunningServer, ServerError> {
-    let data_dir = settings.data_dir.clone();
-    let open = move || -> Result<Arc<dyn Store>, ServerError> {
-        Ok(Arc::new(EmbeddedStore::open(&EmbeddedOptions::new(
-            data_dir,
-        ))?))
-    };
-    start_with_store(settings, clock, open).await
+/// Opens the store the settings name.
+pub async fn open_store(settings: &Settings) -> Result<Arc<dyn Store>, ServerError> {
+    match &settings.store {
+        StoreSettings::Embedded => {
+            let options = EmbeddedOptions::new(settings.data_dir.clone());
+            let store = tokio::task::spawn_blocking(move || EmbeddedStore::open(&options))
+                .await
+                .map_err(|e| ServerError::Task(e.to_string()))??;
+            Ok(Arc::new(store))
+        }
+        StoreSettings::Cql(options) => Ok(Arc::new(CqlStore::open(options).await?)),
+    }
 }
 
-/// Like [`start`], with the store built by `open_store` once the port is
-/// bound and health answers `NOT_SERVING`.
+/// Binds, opens the store the settings name and starts serving. Returns
+/// once the store is open and the service is `SERVING`.
+pub async fn start(settings: Settings, clock: SharedClock) -> Result<RunningServer, ServerError> {
+    let for_store = settings.clone();
+    start_with_store(settings, clock, async move { open_store(&for_store).await }).await
+}
+
+/// Like [`start`], with the store produced by `open_store`, which is polled
+/// once the port is bound and health answers `NOT_SERVING`.
 pub async fn start_with_store<F>(
     settings: Settings,
     clock: SharedClock,
     open_store: F,
 ) -> Result<RunningServer, ServerError>
 where
-    F: FnOnce() -> Result<Arc<dyn Store>, ServerError> + Send + 'static,
+    F: std::future::Future<Output = Result<Arc<dyn Store>, ServerError>> + Send + 'static,
 {
     let listener =
         TcpListener::bind(settings.listen)
@@ -222,15 +232,11 @@ where
         });
     let serve_task = tokio::spawn(serve);
 
-    let store = match tokio::task::spawn_blocking(open_store).await {
-        Ok(Ok(store)) => store,
-        Ok(Err(error)) => {
+    let store = match open_store.await {
+        Ok(store) => store,
+        Err(error) => {
             serve_task.abort();
             return Err(error);
-        }
-        Err(join) => {
-            serve_task.abort();
-            return Err(ServerError::Task(join.to_string()));
         }
     };
     let engine = Arc::new(Engine::new(

@@ -4,87 +4,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
+use common::process::{idemd_command, kill9, sigterm, spawn};
 use common::*;
 use idemd::proto::v1 as pb;
-
-/// A running `idemd` process.
-struct Process {
-    child: Child,
-    addr: std::net::SocketAddr,
-    /// Log lines after start-up.
-    lines: mpsc::Receiver<String>,
-}
-
-fn idemd_command(data_dir: &std::path::Path, extra: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_idemd"));
-    command
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--log-format",
-            "json",
-            "--data-dir",
-        ])
-        .arg(data_dir)
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    command
-}
-
-fn spawn(data_dir: &std::path::Path, extra: &[&str]) -> Process {
-    let mut child = idemd_command(data_dir, extra).spawn().expect("spawn idemd");
-    let stderr = child.stderr.take().expect("stderr");
-    let (sender, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if sender.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let mut addr = None;
-    while addr.is_none() {
-        let remaining = deadline.saturating_duration_since(std::time::Instant::now());
-        let Ok(line) = lines.recv_timeout(remaining) else {
-            break;
-        };
-        let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else {
-            continue;
-        };
-        if event["message"] == "idemd serving" {
-            addr = event["address"].as_str().and_then(|a| a.parse().ok());
-        }
-    }
-    match addr {
-        Some(addr) => Process { child, addr, lines },
-        None => {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("idemd did not log 'idemd serving' with an address within 20 s");
-        }
-    }
-}
-
-fn kill9(mut process: Process) {
-    process.child.kill().expect("SIGKILL");
-    process.child.wait().expect("reaped");
-}
-
-fn sigterm(process: &Process) {
-    let status = Command::new("kill")
-        .args(["-TERM", &process.child.id().to_string()])
-        .status()
-        .expect("kill -TERM");
-    assert!(status.success());
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_survive_kill_9() {

@@ -210,11 +210,15 @@ async fn health_is_serving_once_started_and_not_serving_while_draining() {
     let (release, opened) = std::sync::mpsc::channel::<()>();
     let server_task = tokio::spawn(async move {
         let clock: Arc<dyn idemd::clock::Clock> = Arc::new(idemd::clock::SystemClock);
-        idemd::server::start_with_store(settings, clock, move || {
-            let _ = opened.recv_timeout(Duration::from_secs(10));
-            let store: Arc<dyn Store> =
-                Arc::new(EmbeddedStore::open(&EmbeddedOptions::new(&data_dir))?);
-            Ok(store)
+        idemd::server::start_with_store(settings, clock, async move {
+            tokio::task::spawn_blocking(move || {
+                let _ = opened.recv_timeout(Duration::from_secs(10));
+                let store: Arc<dyn Store> =
+                    Arc::new(EmbeddedStore::open(&EmbeddedOptions::new(&data_dir))?);
+                Ok(store)
+            })
+            .await
+            .expect("join")
         })
         .await
     });
@@ -278,11 +282,15 @@ async fn health_reports_not_serving_before_the_store_opens() {
     let (release, opened) = std::sync::mpsc::channel::<()>();
     let server_task = tokio::spawn(async move {
         let clock: Arc<dyn idemd::clock::Clock> = Arc::new(idemd::clock::SystemClock);
-        idemd::server::start_with_store(settings, clock, move || {
-            let _ = opened.recv_timeout(Duration::from_secs(10));
-            let store: Arc<dyn Store> =
-                Arc::new(EmbeddedStore::open(&EmbeddedOptions::new(&data_dir))?);
-            Ok(store)
+        idemd::server::start_with_store(settings, clock, async move {
+            tokio::task::spawn_blocking(move || {
+                let _ = opened.recv_timeout(Duration::from_secs(10));
+                let store: Arc<dyn Store> =
+                    Arc::new(EmbeddedStore::open(&EmbeddedOptions::new(&data_dir))?);
+                Ok(store)
+            })
+            .await
+            .expect("join")
         })
         .await
     });

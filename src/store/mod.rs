@@ -15,8 +15,10 @@
 //! Backends never build a `tonic::Status`: they report [`StoreError`], which
 //! distinguishes "nothing was applied" from "the outcome is unknown".
 //!
-//! Backends: [`embedded`] (one durable file, single node).
+//! Backends: [`embedded`] (one durable file, single node) and [`cql`]
+//! (ScyllaDB / Cassandra lightweight transactions, many replicas).
 
+pub mod cql;
 pub mod embedded;
 
 use async_trait::async_trait;
@@ -155,6 +157,10 @@ pub struct Expected {
     pub state: RecordState,
     /// Required current lease token.
     pub lease_token: String,
+    /// Not part of the condition: the pending-index position of the record
+    /// the expectation was taken from, so that a backend whose index is a
+    /// separate table can drop the entry the write makes stale.
+    pub pending_since_ms: Option<i64>,
 }
 
 impl Expected {
@@ -163,6 +169,7 @@ impl Expected {
         Self {
             state: record.state,
             lease_token: record.lease_token.clone(),
+            pending_since_ms: record.pending_since_ms(),
         }
     }
 

@@ -5,6 +5,8 @@
 //! every helper.
 #![allow(dead_code)]
 
+pub mod process;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,9 +28,10 @@ pub const SMALL_ENDPOINT: &str = "POST /v1/small";
 /// The default endpoint used by most tests.
 pub const PAYMENTS: &str = "POST /v1/payments";
 
-/// Builds the store for a test server; receives the server's data dir.
-pub type StoreFactory =
-    Arc<dyn Fn(&std::path::Path) -> Result<Arc<dyn Store>, ServerError> + Send + Sync>;
+/// Opens the store of a test server.
+pub type StoreFactory = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Arc<dyn Store>, ServerError>> + Send>,
+>;
 
 /// A running server with a manual clock and a connected client.
 pub struct TestServer {
@@ -84,10 +87,7 @@ impl TestServer {
         let shared: Arc<dyn Clock> = Arc::new(clock.clone());
         let server = match store {
             None => idemd::server::start(settings, shared).await,
-            Some(factory) => {
-                let data_dir = settings.data_dir.clone();
-                idemd::server::start_with_store(settings, shared, move || factory(&data_dir)).await
-            }
+            Some(factory) => idemd::server::start_with_store(settings, shared, factory).await,
         }
         .expect("server starts");
         let addr = server.local_addr;

@@ -283,6 +283,7 @@ pub async fn replace_if_checks_state_and_token(store: &Arc<dyn Store>) {
     let wrong_token = Expected {
         state: RecordState::InProgress,
         lease_token: "other".into(),
+        pending_since_ms: None,
     };
     assert_eq!(
         store
@@ -296,6 +297,7 @@ pub async fn replace_if_checks_state_and_token(store: &Arc<dyn Store>) {
     let wrong_state = Expected {
         state: RecordState::Unknown,
         lease_token: "tok".into(),
+        pending_since_ms: None,
     };
     assert!(matches!(
         store
@@ -341,6 +343,7 @@ pub async fn delete_if_checks_state_and_token(store: &Arc<dyn Store>) {
     let wrong = Expected {
         state: RecordState::InProgress,
         lease_token: "nope".into(),
+        pending_since_ms: None,
     };
     assert!(matches!(
         store

@@ -104,22 +104,53 @@ pub fn encode_record(record: &Record) -> Vec<u8> {
         lease_expires_at_ms: record.lease_expires_at_ms,
         completed_at_ms: record.completed_at_ms,
         expires_at_ms: record.expires_at_ms,
-        response: record.response.as_ref().map(|response| ResponseValue {
-            status: response.status,
-            headers: response
-                .headers
-                .iter()
-                .map(|(name, value)| HeaderValue {
-                    name: name.clone(),
-                    value: value.clone(),
-                })
-                .collect(),
-            body: response.body.clone(),
-            body_ref: response.body_ref.clone(),
-        }),
+        response: record.response.as_ref().map(response_value),
         reason: record.reason.clone(),
     }
     .encode_to_vec()
+}
+
+fn response_value(response: &StoredResponse) -> ResponseValue {
+    ResponseValue {
+        status: response.status,
+        headers: response
+            .headers
+            .iter()
+            .map(|(name, value)| HeaderValue {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+        body: response.body.clone(),
+        body_ref: response.body_ref.clone(),
+    }
+}
+
+fn stored_response(response: ResponseValue) -> StoredResponse {
+    StoredResponse {
+        status: response.status,
+        headers: response
+            .headers
+            .into_iter()
+            .map(|header| (header.name, header.value))
+            .collect(),
+        body: response.body,
+        body_ref: response.body_ref,
+    }
+}
+
+/// Encodes a stored response alone (the CQL backend keeps it in one blob).
+pub fn encode_response(response: &StoredResponse) -> Vec<u8> {
+    use prost::Message as _;
+    response_value(response).encode_to_vec()
+}
+
+/// Inverse of [`encode_response`].
+pub fn decode_response(bytes: &[u8]) -> Result<StoredResponse, CodecError> {
+    use prost::Message as _;
+    ResponseValue::decode(bytes)
+        .map(stored_response)
+        .map_err(|e| CodecError(e.to_string()))
 }
 
 /// Decodes a record value stored under `id`.
@@ -144,16 +175,7 @@ pub fn decode_record(id: RecordKey, bytes: &[u8]) -> Result<Record, CodecError> 
         lease_expires_at_ms: value.lease_expires_at_ms,
         completed_at_ms: value.completed_at_ms,
         expires_at_ms: value.expires_at_ms,
-        response: value.response.map(|response| StoredResponse {
-            status: response.status,
-            headers: response
-                .headers
-                .into_iter()
-                .map(|header| (header.name, header.value))
-                .collect(),
-            body: response.body,
-            body_ref: response.body_ref,
-        }),
+        response: value.response.map(stored_response),
         reason: value.reason,
     })
 }

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Builds and tests the Go SDK: installs the protoc plugins, generates the stubs,
+# vets, and runs every test (fingerprint and downstream-key vectors, the shared
+# conformance scenarios against a live idemd, the README program, the HTTP
+# example). Runnable from any directory; idempotent.
+#
+#   IDEMD_BIN=/path/to/idemd clients/go/test.sh     # default: <repo>/target/debug/idemd
+#
+# Installs what is missing: Go (apt; a toolchain recent enough for go.mod from
+# the Go module proxy), mvn + unzip for scripts/protoc.sh (apt), the protoc
+# plugins (go install, into clients/go/.bin), the Go modules (module proxy).
+# GO_TEST_FLAGS adds flags to go test (e.g. -v).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+export IDEMD_BIN="${IDEMD_BIN:-$root/target/debug/idemd}"
+case "$IDEMD_BIN" in /*) ;; *) IDEMD_BIN="$PWD/$IDEMD_BIN" ;; esac # the tests run elsewhere
+
+apt_install() {
+  if command -v apt-get >/dev/null 2>&1; then
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+  else
+    echo "test.sh: please install: $*" >&2
+    exit 1
+  fi
+}
+
+# Go: the one on PATH if it is recent enough for go.mod; otherwise the
+# toolchain go.mod names, fetched as the Go module golang.org/toolchain from
+# the Go module proxy (what GOTOOLCHAIN=auto does, also for Go < 1.21).
+if ! command -v go >/dev/null 2>&1; then
+  apt_install golang-go
+fi
+go_need="$(sed -n 's/^go \([0-9][0-9.]*\)$/\1/p' "$here/go.mod")"
+go_have="$(cd /tmp && go env GOVERSION | sed 's/^go//')"
+if [ "$(printf '%s\n%s\n' "$go_need" "$go_have" | sort -V | head -n1)" != "$go_need" ]; then
+  case "$(uname -m)" in
+    x86_64) goarch=amd64 ;;
+    aarch64) goarch=arm64 ;;
+    *) echo "test.sh: unsupported architecture $(uname -m)" >&2; exit 1 ;;
+  esac
+  toolchain="golang.org/toolchain@v0.0.1-go$go_need.linux-$goarch"
+  echo "== Go $go_have is older than $go_need: fetching $toolchain"
+  goroot="$(cd /tmp && GO111MODULE=on GOFLAGS= go mod download -json "$toolchain" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [ -n "$goroot" ] || { echo "test.sh: could not fetch $toolchain" >&2; exit 1; }
+  find "$goroot/bin" "$goroot/pkg/tool" -type f -exec chmod +x {} +
+  export PATH="$goroot/bin:$PATH"
+fi
+
+# scripts/protoc.sh fetches protoc from Maven Central on first use.
+protoc_version="${IDEMD_PROTOC_VERSION:-4.33.1}"
+if [ ! -x "$root/.cache/protoc/$protoc_version/protoc" ]; then
+  missing=()
+  command -v mvn >/dev/null 2>&1 || missing+=(maven)
+  command -v unzip >/dev/null 2>&1 || missing+=(unzip)
+  [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
+fi
+
+cd "$here"
+echo "== go generate (stubs from proto/idemd/v1/idempotency.proto)"
+go generate .
+echo "== go vet"
+go vet ./...
+echo "== go test (idemd: $IDEMD_BIN)"
+# -count=1: results depend on the idemd binary, so never reuse cached ones.
+go test -count=1 ${GO_TEST_FLAGS:-} ./...

@@ -1,0 +1,390 @@
+package dev.idemd.client;
+
+import dev.idemd.v1.ClaimRequest;
+import dev.idemd.v1.ClaimResponse;
+import dev.idemd.v1.CompleteRequest;
+import dev.idemd.v1.CompleteResponse;
+import dev.idemd.v1.ExtendLeaseRequest;
+import dev.idemd.v1.ExtendLeaseResponse;
+import dev.idemd.v1.FailRequest;
+import dev.idemd.v1.FailResponse;
+import dev.idemd.v1.IdempotencyGrpc;
+import dev.idemd.v1.ListPendingRequest;
+import dev.idemd.v1.ListPendingResponse;
+import dev.idemd.v1.LookupRequest;
+import dev.idemd.v1.LookupResponse;
+import dev.idemd.v1.ReconcileRequest;
+import dev.idemd.v1.ReconcileResponse;
+import io.grpc.CallCredentials;
+import io.grpc.Channel;
+import io.grpc.ChannelCredentials;
+import io.grpc.Grpc;
+import io.grpc.InsecureChannelCredentials;
+import io.grpc.ManagedChannel;
+import io.grpc.Metadata;
+import io.grpc.TlsChannelCredentials;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.Objects;
+import java.util.concurrent.Executor;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.ScheduledThreadPoolExecutor;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+
+/**
+ * Client of the idemd gRPC API: the raw RPCs, and {@link #executeOnce} which runs a handler at most
+ * once per idempotency key across retries, processes and machines.
+ *
+ * <pre>{@code
+ * try (IdemdClient idemd = IdemdClient.builder("idemd.internal:50051").bearerToken(token).build()) {
+ *   ExecuteResult result = idemd.executeOnce("POST /v1/payments", key, request, handler);
+ * }
+ * }</pre>
+ *
+ * <p>Thread-safe; create one per process and share it. Raw RPC errors surface as {@link
+ * io.grpc.StatusRuntimeException}; {@link IdemdErrors} reads their details.
+ */
+public final class IdemdClient implements AutoCloseable {
+  /** Default per-call deadline. */
+  public static final Duration DEFAULT_DEADLINE = Duration.ofSeconds(10);
+
+  static final Metadata.Key<String> AUTHORIZATION =
+      Metadata.Key.of("authorization", Metadata.ASCII_STRING_MARSHALLER);
+  static final Metadata.Key<String> TENANT_ID =
+      Metadata.Key.of("x-tenant-id", Metadata.ASCII_STRING_MARSHALLER);
+
+  private final ManagedChannel ownedChannel;
+  private final IdempotencyGrpc.IdempotencyBlockingStub blocking;
+  private final IdempotencyGrpc.IdempotencyFutureStub future;
+  private final Duration deadline;
+  private final ScheduledExecutorService scheduler;
+  private final ExecuteEngine engine;
+
+  private IdemdClient(Channel channel, ManagedChannel ownedChannel, Builder builder) {
+    this.ownedChannel = ownedChannel;
+    this.deadline = builder.deadline;
+    IdempotencyGrpc.IdempotencyBlockingStub b = IdempotencyGrpc.newBlockingStub(channel);
+    IdempotencyGrpc.IdempotencyFutureStub f = IdempotencyGrpc.newFutureStub(channel);
+    Metadata headers = new Metadata();
+    if (builder.bearerToken != null) {
+      headers.put(AUTHORIZATION, "Bearer " + builder.bearerToken);
+    }
+    if (builder.tenantId != null) {
+      headers.put(TENANT_ID, builder.tenantId);
+    }
+    if (headers.keys().size() > 0) {
+      CallCredentials credentials = new StaticCredentials(headers);
+      b = b.withCallCredentials(credentials);
+      f = f.withCallCredentials(credentials);
+    }
+    this.blocking = b;
+    this.future = f;
+    ScheduledThreadPoolExecutor pool = new ScheduledThreadPoolExecutor(1, new DaemonThreads());
+    pool.setRemoveOnCancelPolicy(true);
+    this.scheduler = pool;
+    this.engine = new ExecuteEngine(this);
+  }
+
+  /** A client of the server at {@code target} ({@code host:port} or a gRPC target URI). */
+  public static Builder builder(String target) {
+    return new Builder(Objects.requireNonNull(target, "target"), null);
+  }
+
+  /**
+   * A client on a channel the caller owns (custom transport settings, in-process channels). {@link
+   * #close()} does not shut it down; TLS options are ignored.
+   */
+  public static Builder builder(Channel channel) {
+    return new Builder(null, Objects.requireNonNull(channel, "channel"));
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // Executor
+
+  /**
+   * Runs {@code handler} at most once for ({@code endpoint}, {@code key}) with the default options.
+   *
+   * @see #executeOnce(String, String, HttpRequestSpec, Handler, ExecuteOptions)
+   */
+  public ExecuteResult executeOnce(
+      String endpoint, String key, HttpRequestSpec request, Handler handler) {
+    return executeOnce(endpoint, key, request, handler, ExecuteOptions.defaults());
+  }
+
+  /**
+   * Runs {@code handler} at most once for ({@code endpoint}, {@code key}): claims the key, runs the
+   * handler if this call won the claim and stores its response, or returns the response an earlier
+   * execution stored ({@link ExecuteResult#replayed()}).
+   *
+   * @param endpoint logical endpoint, e.g. {@code POST /v1/payments} (selects the server policy)
+   * @param key the client's idempotency key: 1 to 255 characters of {@code [A-Za-z0-9_-]}
+   * @param request the request, whose fingerprint tells a retry from a reused key
+   * @param handler the side effect
+   * @param options wait budget, lease, ttl, fingerprint mode
+   * @throws KeyReuseException the key was used with a different request (422)
+   * @throws OutcomePendingException an earlier execution's outcome needs reconciliation (409)
+   * @throws InProgressException another execution held the key for the whole wait budget (409)
+   * @throws HandlerException the handler failed; the cause is its exception
+   * @throws CompleteFailedException the handler ran but its response could not be stored
+   * @throws FingerprintException a local fingerprint could not be computed
+   * @throws io.grpc.StatusRuntimeException the Claim was refused ({@code INVALID_ARGUMENT}, {@code
+   *     UNAUTHENTICATED}, ...) or transport errors outlasted the retries
+   */
+  public ExecuteResult executeOnce(
+      String endpoint,
+      String key,
+      HttpRequestSpec request,
+      Handler handler,
+      ExecuteOptions options) {
+    return engine.execute(
+        Objects.requireNonNull(endpoint, "endpoint"),
+        Objects.requireNonNull(key, "key"),
+        Objects.requireNonNull(request, "request"),
+        Objects.requireNonNull(handler, "handler"),
+        Objects.requireNonNull(options, "options"));
+  }
+
+  /** {@link DownstreamKey#derive}: the key to send to a third party for {@code step}. */
+  public static String downstreamKey(String key, String step) {
+    return DownstreamKey.derive(key, step);
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // Raw RPCs, each with the default deadline or an explicit one.
+
+  /** Claim with the default deadline. */
+  public ClaimResponse claim(ClaimRequest request) {
+    return claim(request, deadline);
+  }
+
+  /** Claim with a deadline (add the request's {@code wait} to it when waiting). */
+  public ClaimResponse claim(ClaimRequest request, Duration deadline) {
+    return blockingStub(deadline).claim(request);
+  }
+
+  /** Complete with the default deadline. */
+  public CompleteResponse complete(CompleteRequest request) {
+    return complete(request, deadline);
+  }
+
+  /** Complete with a deadline. */
+  public CompleteResponse complete(CompleteRequest request, Duration deadline) {
+    return blockingStub(deadline).complete(request);
+  }
+
+  /** Fail with the default deadline. */
+  public FailResponse fail(FailRequest request) {
+    return fail(request, deadline);
+  }
+
+  /** Fail with a deadline. */
+  public FailResponse fail(FailRequest request, Duration deadline) {
+    return blockingStub(deadline).fail(request);
+  }
+
+  /** ExtendLease with the default deadline. */
+  public ExtendLeaseResponse extendLease(ExtendLeaseRequest request) {
+    return extendLease(request, deadline);
+  }
+
+  /** ExtendLease with a deadline. */
+  public ExtendLeaseResponse extendLease(ExtendLeaseRequest request, Duration deadline) {
+    return blockingStub(deadline).extendLease(request);
+  }
+
+  /** Lookup with the default deadline. */
+  public LookupResponse lookup(LookupRequest request) {
+    return lookup(request, deadline);
+  }
+
+  /** Lookup with a deadline. */
+  public LookupResponse lookup(LookupRequest request, Duration deadline) {
+    return blockingStub(deadline).lookup(request);
+  }
+
+  /** ListPending with the default deadline. */
+  public ListPendingResponse listPending(ListPendingRequest request) {
+    return listPending(request, deadline);
+  }
+
+  /** ListPending with a deadline. */
+  public ListPendingResponse listPending(ListPendingRequest request, Duration deadline) {
+    return blockingStub(deadline).listPending(request);
+  }
+
+  /** Reconcile with the default deadline. */
+  public ReconcileResponse reconcile(ReconcileRequest request) {
+    return reconcile(request, deadline);
+  }
+
+  /** Reconcile with a deadline. */
+  public ReconcileResponse reconcile(ReconcileRequest request, Duration deadline) {
+    return blockingStub(deadline).reconcile(request);
+  }
+
+  /** The generated blocking stub, with this client's credentials and the default deadline. */
+  public IdempotencyGrpc.IdempotencyBlockingStub blockingStub() {
+    return blockingStub(deadline);
+  }
+
+  /** The generated blocking stub, with this client's credentials and a deadline from now. */
+  public IdempotencyGrpc.IdempotencyBlockingStub blockingStub(Duration deadline) {
+    return blocking.withDeadlineAfter(deadline.toNanos(), TimeUnit.NANOSECONDS);
+  }
+
+  /** The generated future stub, with this client's credentials and a deadline from now. */
+  public IdempotencyGrpc.IdempotencyFutureStub futureStub(Duration deadline) {
+    return future.withDeadlineAfter(deadline.toNanos(), TimeUnit.NANOSECONDS);
+  }
+
+  /** The default per-call deadline. */
+  public Duration deadline() {
+    return deadline;
+  }
+
+  ScheduledExecutorService scheduler() {
+    return scheduler;
+  }
+
+  /** Stops the lease keepers and, if this client created it, shuts the channel down. */
+  @Override
+  public void close() {
+    scheduler.shutdownNow();
+    if (ownedChannel != null) {
+      ownedChannel.shutdown();
+      try {
+        if (!ownedChannel.awaitTermination(5, TimeUnit.SECONDS)) {
+          ownedChannel.shutdownNow();
+        }
+      } catch (InterruptedException e) {
+        ownedChannel.shutdownNow();
+        Thread.currentThread().interrupt();
+      }
+    }
+  }
+
+  /** Options of an {@link IdemdClient}. */
+  public static final class Builder {
+    private final String target;
+    private final Channel channel;
+    private String bearerToken;
+    private String tenantId;
+    private boolean plaintext;
+    private Path caFile;
+    private Duration deadline = DEFAULT_DEADLINE;
+
+    private Builder(String target, Channel channel) {
+      this.target = target;
+      this.channel = channel;
+    }
+
+    /** Sends {@code authorization: Bearer <token>} on every call. */
+    public Builder bearerToken(String token) {
+      this.bearerToken = requireHeaderValue(token, "bearer token");
+      return this;
+    }
+
+    /**
+     * Sends {@code x-tenant-id} on every call: the tenant of a development server that runs without
+     * authentication (a server with authentication takes the tenant from the token).
+     */
+    public Builder tenantId(String tenant) {
+      this.tenantId = requireHeaderValue(tenant, "tenant id");
+      return this;
+    }
+
+    /** Uses TLS with the system's trusted roots (the default). */
+    public Builder tls() {
+      this.plaintext = false;
+      this.caFile = null;
+      return this;
+    }
+
+    /** Uses TLS, trusting the certificate authorities in a PEM file. */
+    public Builder tlsCaFile(Path caPem) {
+      this.plaintext = false;
+      this.caFile = Objects.requireNonNull(caPem, "caPem");
+      return this;
+    }
+
+    /** Uses plaintext HTTP/2 (local development, or behind a TLS-terminating sidecar). */
+    public Builder plaintext() {
+      this.plaintext = true;
+      this.caFile = null;
+      return this;
+    }
+
+    /** The default per-call deadline (10 s unless set). */
+    public Builder deadline(Duration deadline) {
+      if (deadline.isNegative() || deadline.isZero()) {
+        throw new IllegalArgumentException("deadline must be positive");
+      }
+      this.deadline = deadline;
+      return this;
+    }
+
+    /**
+     * Creates the client.
+     *
+     * @throws UncheckedIOException if the CA file cannot be read
+     */
+    public IdemdClient build() {
+      if (channel != null) {
+        return new IdemdClient(channel, null, this);
+      }
+      ChannelCredentials credentials;
+      if (plaintext) {
+        credentials = InsecureChannelCredentials.create();
+      } else if (caFile != null) {
+        try {
+          credentials = TlsChannelCredentials.newBuilder().trustManager(caFile.toFile()).build();
+        } catch (IOException e) {
+          throw new UncheckedIOException("cannot read the CA file " + caFile, e);
+        }
+      } else {
+        credentials = TlsChannelCredentials.create();
+      }
+      ManagedChannel managed = Grpc.newChannelBuilder(target, credentials).build();
+      return new IdemdClient(managed, managed, this);
+    }
+
+    private static String requireHeaderValue(String value, String what) {
+      Objects.requireNonNull(value, what);
+      if (value.isEmpty() || !value.chars().allMatch(c -> c >= 0x20 && c < 0x7F)) {
+        throw new IllegalArgumentException(what + " must be non-empty printable ASCII");
+      }
+      return value;
+    }
+  }
+
+  /** Adds fixed metadata (authorization, tenant) to every call. */
+  private static final class StaticCredentials extends CallCredentials {
+    private final Metadata headers;
+
+    StaticCredentials(Metadata headers) {
+      this.headers = headers;
+    }
+
+    @Override
+    public void applyRequestMetadata(
+        RequestInfo requestInfo, Executor appExecutor, MetadataApplier applier) {
+      Metadata copy = new Metadata();
+      copy.merge(headers);
+      applier.apply(copy);
+    }
+  }
+
+  private static final class DaemonThreads implements java.util.concurrent.ThreadFactory {
+    private static final AtomicInteger COUNT = new AtomicInteger();
+
+    @Override
+    public Thread newThread(Runnable runnable) {
+      Thread thread = new Thread(runnable, "idemd-lease-keeper-" + COUNT.incrementAndGet());
+      thread.setDaemon(true);
+      return thread;
+    }
+  }
+}

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Builds the Java SDK (stubs generated from proto/ at build time) and runs all of its tests:
+# fingerprint and downstream-key vectors, the conformance scenarios, the README example and the
+# HTTP example, against a live idemd started from $IDEMD_BIN (default: <repo>/target/debug/idemd).
+#
+#   IDEMD_BIN=/path/to/idemd clients/java/test.sh
+#
+# Installs a JDK (17+) and Maven with apt when missing; Maven dependencies, protoc and the gRPC
+# plugin come from Maven Central into the standard ~/.m2 cache. Maven's own output is kept to
+# warnings, errors and Surefire's test summary.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+IDEMD_BIN="${IDEMD_BIN:-$root/target/debug/idemd}"
+case "$IDEMD_BIN" in
+  /*) ;;
+  *) IDEMD_BIN="$PWD/$IDEMD_BIN" ;;
+esac
+export IDEMD_BIN
+
+have_jdk() {
+  command -v javac >/dev/null 2>&1 || return 1
+  local major
+  major="$(javac -version 2>&1 | sed -n 's/^javac \([0-9]*\).*/\1/p')"
+  [ -n "$major" ] && [ "$major" -ge 17 ]
+}
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+apt_updated=""
+install_packages() {
+  if [ -z "$apt_updated" ]; then
+    $sudo apt-get update -qq
+    apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+if ! have_jdk; then
+  $sudo apt-get update -qq
+  apt_updated=1
+  jdk=""
+  for candidate in openjdk-17-jdk-headless openjdk-21-jdk-headless default-jdk-headless; do
+    if apt-cache show "$candidate" >/dev/null 2>&1; then
+      jdk="$candidate"
+      break
+    fi
+  done
+  if [ -z "$jdk" ]; then
+    echo "test.sh: no JDK package found in apt" >&2
+    exit 1
+  fi
+  install_packages "$jdk"
+fi
+if ! command -v mvn >/dev/null 2>&1; then
+  install_packages maven
+fi
+
+if [ ! -x "$IDEMD_BIN" ]; then
+  echo "test.sh: no idemd binary at $IDEMD_BIN (build it, or set IDEMD_BIN)" >&2
+  exit 1
+fi
+
+cd "$here"
+# -q would hide Surefire's summary too: log at WARN except the Surefire plugin. The sed drops the
+# colour codes Debian's Maven prints even in batch mode.
+mvn -B -ntp -Dstyle.color=never \
+  -Dorg.slf4j.simpleLogger.defaultLogLevel=warn \
+  -Dorg.slf4j.simpleLogger.log.org.apache.maven.plugin.surefire=info \
+  test 2>&1 | sed -u 's/\x1b\[[0-9;]*m//g'

@@ -1,0 +1,292 @@
+"""The synchronous idemd client: raw RPCs and the execute_once executor."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Optional, Sequence, Tuple, TypeVar
+
+import grpc
+
+from . import _executor as ex
+from ._grpc_util import (
+    USER_AGENT,
+    DefaultsInterceptor,
+    RetryPolicy,
+    call_metadata,
+    channel_credentials,
+    duration,
+    key_hash,
+    to_rpc_error,
+)
+from ._proto import pb, pb_grpc
+from .errors import RpcError
+from .types import Execution, Response, Result
+
+__all__ = ["Client"]
+
+log = logging.getLogger("idemd")
+
+Handler = Callable[[Execution], object]
+T = TypeVar("T")
+
+
+class Client:
+    """A connection to idemd.
+
+    ::
+
+        client = Client("idemd.internal:50051", token=os.environ["IDEMD_TOKEN"])          # TLS, system roots
+        client = Client("idemd.internal:50051", token=..., ca_file="/etc/idemd/ca.pem")   # TLS, private CA
+        client = Client("localhost:50051", insecure=True, tenant="dev")                   # plaintext dev server
+
+    ``token`` is sent as ``authorization: Bearer <token>`` on every call;
+    ``tenant`` as ``x-tenant-id`` (only honoured by servers running without
+    authentication). ``timeout`` is the default per-call deadline in seconds.
+    Every raw RPC method takes and returns the generated messages unchanged
+    (``idemd.pb``) and raises :class:`idemd.RpcError`; :attr:`stub` is the
+    generated stub itself (with the same credentials and default deadline).
+
+    Thread-safe; one client per process and target is enough. Close it (or use
+    it as a context manager) to release the channel.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        token: Optional[str] = None,
+        tenant: Optional[str] = None,
+        insecure: bool = False,
+        ca_file: Optional[str] = None,
+        root_certificates: Optional[bytes] = None,
+        cert_file: Optional[str] = None,
+        key_file: Optional[str] = None,
+        timeout: Optional[float] = 10.0,
+        retry: Optional[RetryPolicy] = None,
+        options: Sequence[Tuple[str, object]] = (),
+        channel: Optional[grpc.Channel] = None,
+    ) -> None:
+        self.target = target
+        self.timeout = timeout
+        self.retry = retry or RetryPolicy()
+        if channel is None:
+            opts = [("grpc.primary_user_agent", USER_AGENT), *options]
+            if insecure:
+                if ca_file or root_certificates or cert_file or key_file:
+                    raise ValueError("insecure=True contradicts the TLS options")
+                channel = grpc.insecure_channel(target, options=opts)
+            else:
+                creds = channel_credentials(ca_file, root_certificates, cert_file, key_file)
+                channel = grpc.secure_channel(target, creds, options=opts)
+        self._base_channel = channel
+        self.channel = grpc.intercept_channel(channel, DefaultsInterceptor(call_metadata(token, tenant), timeout))
+        self.stub = pb_grpc.IdempotencyStub(self.channel)
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def close(self) -> None:
+        self._base_channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- raw RPCs -----------------------------------------------------------
+
+    def _call(self, method: Callable[..., T], request: object, timeout: Optional[float]) -> T:
+        try:
+            return method(request, timeout=timeout if timeout is not None else self.timeout)
+        except grpc.RpcError as e:
+            raise to_rpc_error(e) from e
+
+    def claim(self, request: "pb.ClaimRequest", *, timeout: Optional[float] = None) -> "pb.ClaimResponse":
+        """Claim (no retries; see :meth:`execute_once` for the full protocol)."""
+        return self._call(self.stub.Claim, request, timeout)
+
+    def complete(self, request: "pb.CompleteRequest", *, timeout: Optional[float] = None) -> "pb.CompleteResponse":
+        return self._call(self.stub.Complete, request, timeout)
+
+    def fail(self, request: "pb.FailRequest", *, timeout: Optional[float] = None) -> "pb.FailResponse":
+        return self._call(self.stub.Fail, request, timeout)
+
+    def extend_lease(
+        self, request: "pb.ExtendLeaseRequest", *, timeout: Optional[float] = None
+    ) -> "pb.ExtendLeaseResponse":
+        return self._call(self.stub.ExtendLease, request, timeout)
+
+    def lookup(self, request: "pb.LookupRequest", *, timeout: Optional[float] = None) -> "pb.LookupResponse":
+        return self._call(self.stub.Lookup, request, timeout)
+
+    def list_pending(
+        self, request: "pb.ListPendingRequest", *, timeout: Optional[float] = None
+    ) -> "pb.ListPendingResponse":
+        return self._call(self.stub.ListPending, request, timeout)
+
+    def reconcile(self, request: "pb.ReconcileRequest", *, timeout: Optional[float] = None) -> "pb.ReconcileResponse":
+        return self._call(self.stub.Reconcile, request, timeout)
+
+    def _with_retries(self, method: Callable[..., T], request: object, timeout: Optional[float], what: str) -> T:
+        """A call retried on transport failures with the same request (the
+        same lease token): safe for Complete and Fail."""
+        retry = 0
+        while True:
+            try:
+                return self._call(method, request, timeout)
+            except RpcError as e:
+                if not e.retryable or retry + 1 >= self.retry.attempts:
+                    raise
+                delay = self.retry.backoff(retry)
+                log.debug("idemd: %s failed with %s; retrying in %.3fs", what, e.code.name, delay)
+                retry += 1
+                time.sleep(delay)
+
+    # -- the executor -------------------------------------------------------
+
+    def execute_once(
+        self,
+        endpoint: str,
+        key: str,
+        request: "ex.RequestLike",
+        handler: Handler,
+        *,
+        max_wait: float = 5.0,
+        fingerprint: str = "server",
+        lease: Optional[float] = None,
+        ttl: Optional[float] = None,
+    ) -> Result:
+        """Run ``handler`` at most once per (endpoint, key), across retries,
+        processes and machines, and return its response, or the stored one.
+
+        ``request`` (an :class:`idemd.Request`) identifies the operation's
+        content: a retry must send the same one; another request under the same
+        key raises :class:`KeyReuseError`. With ``fingerprint="local"`` the
+        fingerprint is computed here and only its digest is sent.
+
+        ``handler(execution)`` returns an :class:`idemd.Response` (or a
+        ``(status, headers, body)`` tuple). If it raises :class:`NoSideEffect`
+        the key is released (a retry executes again); any other exception
+        records the outcome as unknown (retries get
+        :class:`OutcomePendingError` until reconciled). Either way the
+        handler's exception propagates. While the handler runs, the lease is
+        extended at half its length.
+
+        Waits up to ``max_wait`` seconds for an in-flight duplicate, then
+        raises :class:`StillInProgressError`. ``lease`` and ``ttl`` (seconds)
+        override the endpoint policy.
+        """
+        attempt_id = ex.new_attempt_id()
+        claim = ex.build_claim(
+            endpoint, key, request, fingerprint=fingerprint, attempt_id=attempt_id, lease=lease, ttl=ttl
+        )
+        deadline = time.monotonic() + max_wait
+        waited = transport_retries = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            ex.set_wait(claim, remaining)  # server-side wait, bounded by what is left of the budget
+            rpc_timeout = None if self.timeout is None else self.timeout + max(0.0, remaining)
+            try:
+                response = self._call(self.stub.Claim, claim, rpc_timeout)
+            except RpcError as e:
+                # Same attempt_id: a Claim whose reply was lost returns the same lease.
+                if not e.retryable or transport_retries + 1 >= self.retry.attempts:
+                    raise
+                delay = self.retry.backoff(transport_retries)
+                log.debug("idemd: Claim failed with %s; retrying in %.3fs", e.code.name, delay)
+                transport_retries += 1
+                time.sleep(delay)
+                continue
+            result = ex.terminal_outcome(response)
+            if result is not None:
+                log.debug("idemd: key %s on %s replayed", key_hash(key), endpoint)
+                return result
+            if response.WhichOneof("outcome") == "claimed":
+                return self._run(endpoint, key, response, handler, lease, ex.now())
+            # in_progress: another execution holds the key.
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ex.in_progress_error(response)
+            time.sleep(min(ex.in_progress_delay(response, waited), remaining))
+            waited += 1
+
+    def _run(
+        self,
+        endpoint: str,
+        key: str,
+        response: "pb.ClaimResponse",
+        handler: Handler,
+        lease: Optional[float],
+        received_at: float,
+    ) -> Result:
+        claimed = response.claimed
+        token = claimed.lease_token
+        log.debug("idemd: key %s on %s claimed (attempt %d)", key_hash(key), endpoint, claimed.attempt)
+        keeper = _LeaseKeeper(self, endpoint, key, token, ex.lease_seconds(claimed, lease, received_at))
+        keeper.start()
+        try:
+            try:
+                out = Response.coerce(handler(ex.execution(endpoint, key, claimed)))
+            finally:
+                keeper.stop()
+        except BaseException as error:
+            self._fail(ex.fail_request(endpoint, key, token, error), error, key)
+            raise
+        try:
+            self._with_retries(
+                self.stub.Complete,
+                pb.CompleteRequest(endpoint=endpoint, key=key, lease_token=token, response=ex.response_to_pb(out)),
+                None,
+                "Complete",
+            )
+        except RpcError as error:
+            if error.reason != "LEASE_LOST":
+                # The side effect happened but its response could not be stored:
+                # never let a retry run it again.
+                self._fail(ex.fail_request(endpoint, key, token, error), error, key)
+            raise
+        return Result(response=out, replayed=False, attempt=claimed.attempt, fingerprint=bytes(response.fingerprint))
+
+    def _fail(self, request: "pb.FailRequest", error: BaseException, key: str) -> None:
+        try:
+            self._with_retries(self.stub.Fail, request, None, "Fail")
+        except RpcError as fail_error:
+            disposition = pb.Disposition.Name(request.disposition)
+            log.warning("idemd: Fail %s for key %s failed: %s", disposition, key_hash(key), fail_error.code.name)
+            ex.add_note(error, f"idemd: Fail {disposition} also failed: {fail_error}")
+
+
+class _LeaseKeeper:
+    """Extends a lease at half its length while a handler runs."""
+
+    def __init__(self, client: Client, endpoint: str, key: str, token: str, lease: float) -> None:
+        self._client = client
+        self._request = pb.ExtendLeaseRequest(endpoint=endpoint, key=key, lease_token=token, lease=duration(lease))
+        self._interval = lease / 2
+        self._key = key
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="idemd-lease", daemon=True)
+        self.lost: Optional[RpcError] = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        interval = self._interval
+        while not self._stopped.wait(interval):
+            try:
+                self._client._call(self._client.stub.ExtendLease, self._request, self._interval)
+                interval = self._interval
+            except RpcError as e:
+                if e.retryable:
+                    interval = self._interval / 4  # try again well before the lease runs out
+                    continue
+                log.warning("idemd: lease of key %s lost: %s", key_hash(self._key), e.code.name)
+                self.lost = e
+                return

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Python SDK: installs what it needs into .venv (pinned in requirements-dev.txt),
+# generates the gRPC stubs from proto/idemd/v1/idempotency.proto, and runs every
+# test (vectors, conformance scenarios, README, HTTP example, executor, packaging)
+# against a real idemd started from $IDEMD_BIN (default: <repo>/target/debug/idemd).
+#
+#   IDEMD_BIN=target/release/idemd clients/python/test.sh [pytest args...]
+set -euo pipefail
+
+sdk="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$sdk/../.." && pwd)"
+export IDEMD_BIN="${IDEMD_BIN:-$repo/target/debug/idemd}"
+case "$IDEMD_BIN" in /*) ;; *) IDEMD_BIN="$PWD/$IDEMD_BIN" ;; esac
+venv="$sdk/.venv"
+
+# A Python >= 3.10 with venv: $PYTHON, else python3.11 (the tested one), else another.
+find_python() {
+  local candidate
+  for candidate in ${PYTHON:-} python3.11 python3.12 python3.13 python3.10 python3; do
+    if command -v "$candidate" >/dev/null 2>&1 &&
+      "$candidate" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 10))' >/dev/null 2>&1; then
+      command -v "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
+
+if ! python="$(find_python)"; then
+  # Debian's python3 lacks venv/ensurepip until python3-venv is installed.
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "test.sh: installing python3 and python3-venv with apt-get" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >&2 && apt-get install -y -qq python3 python3-venv >&2
+  fi
+  python="$(find_python)" || { echo "test.sh: needs Python >= 3.10 with venv" >&2; exit 1; }
+fi
+
+# (Re)create the venv when it is missing or broken; reinstall when the pins change.
+if ! "$venv/bin/python" -c 'import sys' >/dev/null 2>&1; then
+  rm -rf "$venv"
+  "$python" -m venv "$venv"
+fi
+stamp="$venv/.requirements.sha256"
+want="$(sha256sum "$sdk/requirements-dev.txt" | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$sdk/requirements-dev.txt"
+  echo "$want" >"$stamp"
+fi
+
+# Stubs from the proto, every run (fast; never committed).
+"$venv/bin/python" "$sdk/build_protos.py" >/dev/null
+
+cd "$sdk"
+set +e
+"$venv/bin/python" -m pytest "$@"
+status=$?
+set -e
+if [ "$status" -eq 5 ]; then
+  echo "test.sh: pytest collected no tests" >&2
+fi
+exit "$status"

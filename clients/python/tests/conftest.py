@@ -1,0 +1,117 @@
+"""Test fixtures: a real idemd server started as clients/conformance/README.md says."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Dict, Iterator
+
+import pytest
+
+import idemd
+
+HERE = Path(__file__).resolve().parent
+SDK_ROOT = HERE.parent
+REPO_ROOT = SDK_ROOT.parent.parent
+CONFORMANCE = REPO_ROOT / "clients" / "conformance"
+SCENARIOS = json.loads((CONFORMANCE / "scenarios.json").read_text(encoding="utf-8"))
+CREDENTIALS: Dict[str, str] = SCENARIOS["credentials"]
+STARTUP_TIMEOUT = 30.0
+
+
+class Server:
+    def __init__(self, address: str, process: subprocess.Popen, log_lines: list) -> None:
+        self.address = address
+        self.process = process
+        self.log_lines = log_lines
+
+    def client(self, who: str = "alice", **kwargs) -> idemd.Client:
+        kwargs.setdefault("insecure", True)
+        return idemd.Client(self.address, token=CREDENTIALS[who], **kwargs)
+
+
+def _idemd_bin() -> Path:
+    path = Path(os.environ.get("IDEMD_BIN") or REPO_ROOT / "target" / "debug" / "idemd")
+    if not path.is_file():
+        pytest.fail(f"idemd binary not found at {path} (set IDEMD_BIN or run `cargo build`)", pytrace=False)
+    return path
+
+
+@contextlib.contextmanager
+def start_server(auth: bool = True) -> Iterator[Server]:
+    """An idemd on 127.0.0.1:0 with a fresh data dir, the conformance policies
+    and (with auth) the conformance tokens; stopped with SIGTERM."""
+    with tempfile.TemporaryDirectory(prefix="idemd-py-") as data_dir:
+        args = [
+            str(_idemd_bin()),
+            "--listen", "127.0.0.1:0",
+            "--data-dir", data_dir,
+            "--config", str(CONFORMANCE / "idemd.toml"),
+            "--log-format", "json",
+        ]
+        if auth:
+            args += ["--auth-tokens", str(CONFORMANCE / "tokens.txt")]
+        process = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        lines: list = []
+        found: "queue.Queue[str]" = queue.Queue()
+
+        def drain() -> None:  # keep reading so the server never blocks on a full pipe
+            assert process.stderr is not None
+            for raw in process.stderr:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                lines.append(line)
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(entry, dict) and entry.get("message") == "idemd serving":
+                    found.put(entry["address"])
+
+        threading.Thread(target=drain, name="idemd-stderr", daemon=True).start()
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        address = None
+        while address is None:
+            if process.poll() is not None:
+                time.sleep(0.2)
+                pytest.fail(f"idemd exited with {process.returncode}:\n" + "\n".join(lines[-20:]), pytrace=False)
+            if time.monotonic() > deadline:
+                process.kill()
+                pytest.fail("idemd did not report 'idemd serving':\n" + "\n".join(lines[-20:]), pytrace=False)
+            try:
+                address = found.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        try:
+            yield Server(address, process, lines)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=25)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Server]:
+    with start_server(auth=True) as running:
+        yield running
+
+
+@pytest.fixture
+def alice(server: Server) -> Iterator[idemd.Client]:
+    with server.client("alice") as client:
+        yield client

@@ -1,0 +1,196 @@
+import { readFileSync } from "node:fs";
+import {
+  credentials as grpcCredentials,
+  Metadata,
+  type CallOptions as GrpcCallOptions,
+  type ChannelCredentials,
+  type ChannelOptions,
+  type ClientUnaryCall,
+  type ServiceError,
+} from "@grpc/grpc-js";
+import { RpcError } from "./errors";
+import { executeOnce, type ExecuteOnceOptions, type ExecuteResult } from "./executor";
+import {
+  ClaimRequest,
+  CompleteRequest,
+  ExtendLeaseRequest,
+  FailRequest,
+  IdempotencyClient as GeneratedIdempotencyClient,
+  ListPendingRequest,
+  LookupRequest,
+  ReconcileRequest,
+  type ClaimResponse,
+  type CompleteResponse,
+  type DeepPartial,
+  type ExtendLeaseResponse,
+  type FailResponse,
+  type ListPendingResponse,
+  type LookupResponse,
+  type ReconcileResponse,
+} from "./gen/idemd/v1/idempotency";
+
+/** TLS settings of the connection to idemd. */
+export interface TlsOptions {
+  /** PEM file of the CA that signed idemd's certificate (default: the system roots). */
+  caFile?: string;
+  /** PEM of that CA, given directly. */
+  ca?: string | Buffer;
+  /** Expected name in the server certificate, when it differs from the address's host. */
+  serverNameOverride?: string;
+}
+
+export interface IdemdClientOptions {
+  /** `host:port` of idemd (any target grpc-js accepts, e.g. `dns:///idemd.internal:50051`). */
+  address: string;
+  /** Bearer token, sent as `authorization: Bearer <token>` on every call. */
+  token?: string;
+  /**
+   * Tenant for a development server that runs without authentication (`x-tenant-id`).
+   * Ignored by a server with a tokens file.
+   */
+  tenantId?: string;
+  /**
+   * `true` (default): TLS with the system roots; an object: TLS with those settings;
+   * `false`: plaintext (local development, or a sidecar that terminates TLS).
+   */
+  tls?: boolean | TlsOptions;
+  /** Default deadline of every call, in milliseconds (default 10 000). */
+  deadlineMs?: number;
+  /** Extra grpc-js channel options. */
+  channelOptions?: ChannelOptions;
+}
+
+/** Per-call options of the raw RPCs. */
+export interface CallOptions {
+  /** Deadline of this call in milliseconds (default: the client's `deadlineMs`). */
+  deadlineMs?: number;
+  /** Cancels the call (it then fails with `CANCELLED`). */
+  signal?: AbortSignal;
+  /** Extra request metadata. */
+  metadata?: Metadata;
+}
+
+const DEFAULT_DEADLINE_MS = 10_000;
+const USER_AGENT = "idemd-typescript/0.1.0";
+
+/**
+ * A client of idemd: the raw RPCs (promises of the generated message types; failures reject
+ * with {@link RpcError}) and the {@link IdemdClient.executeOnce} helper.
+ */
+export class IdemdClient {
+  /** The generated grpc-js client, for anything not wrapped here (streams of future versions). */
+  readonly raw: GeneratedIdempotencyClient;
+  /** Default per-call deadline in milliseconds. */
+  readonly deadlineMs: number;
+  private readonly token: string | undefined;
+  private readonly tenantId: string | undefined;
+
+  constructor(options: IdemdClientOptions) {
+    if (!options.address) throw new TypeError("IdemdClient: address is required");
+    this.deadlineMs = options.deadlineMs ?? DEFAULT_DEADLINE_MS;
+    this.token = options.token;
+    this.tenantId = options.tenantId;
+    const tls = options.tls ?? true;
+    const channelOptions: ChannelOptions = { "grpc.primary_user_agent": USER_AGENT, ...options.channelOptions };
+    if (typeof tls === "object" && tls.serverNameOverride) {
+      channelOptions["grpc.ssl_target_name_override"] = tls.serverNameOverride;
+      channelOptions["grpc.default_authority"] = tls.serverNameOverride;
+    }
+    this.raw = new GeneratedIdempotencyClient(options.address, channelCredentials(tls), channelOptions);
+  }
+
+  /** Claims a key for one execution, or reports what happened to an earlier claim. */
+  claim(request: DeepPartial<ClaimRequest>, options?: CallOptions): Promise<ClaimResponse> {
+    const message = ClaimRequest.fromPartial(request);
+    return this.unary(options, (md, co, cb) => this.raw.claim(message, md, co, cb));
+  }
+
+  /** Stores the response of a claimed execution (fenced by the lease token). */
+  complete(request: DeepPartial<CompleteRequest>, options?: CallOptions): Promise<CompleteResponse> {
+    const message = CompleteRequest.fromPartial(request);
+    return this.unary(options, (md, co, cb) => this.raw.complete(message, md, co, cb));
+  }
+
+  /** Ends a claimed execution without a response: RELEASE, UNKNOWN or FAILED. */
+  fail(request: DeepPartial<FailRequest>, options?: CallOptions): Promise<FailResponse> {
+    const message = FailRequest.fromPartial(request);
+    return this.unary(options, (md, co, cb) => this.raw.fail(message, md, co, cb));
+  }
+
+  /** Pushes the lease of a long-running execution out. */
+  extendLease(request: DeepPartial<ExtendLeaseRequest>, options?: CallOptions): Promise<ExtendLeaseResponse> {
+    const message = ExtendLeaseRequest.fromPartial(request);
+    return this.unary(options, (md, co, cb) => this.raw.extendLease(message, md, co, cb));
+  }
+
+  /** Reads one record (`NOT_FOUND` when absent or expired). */
+  lookup(request: DeepPartial<LookupRequest>, options?: CallOptions): Promise<LookupResponse> {
+    const message = LookupRequest.fromPartial(request);
+    return this.unary(options, (md, co, cb) => this.raw.lookup(message, md, co, cb));
+  }
+
+  /** Lists the records that need a decision (expired leases, UNKNOWN, FAILED). */
+  listPending(request: DeepPartial<ListPendingRequest> = {}, options?: CallOptions): Promise<ListPendingResponse> {
+    const message = ListPendingRequest.fromPartial(request);
+    return this.unary(options, (md, co, cb) => this.raw.listPending(message, md, co, cb));
+  }
+
+  /** Decides a pending record: committed, released, failed or taken over. */
+  reconcile(request: DeepPartial<ReconcileRequest>, options?: CallOptions): Promise<ReconcileResponse> {
+    const message = ReconcileRequest.fromPartial(request);
+    return this.unary(options, (md, co, cb) => this.raw.reconcile(message, md, co, cb));
+  }
+
+  /**
+   * Runs `handler` at most once per (endpoint, key), across retries, processes and machines,
+   * and returns its response, or the stored response of an earlier execution
+   * (`replayed: true`). See {@link ExecuteOnceOptions} and docs/sdk.md.
+   */
+  executeOnce(options: ExecuteOnceOptions): Promise<ExecuteResult> {
+    return executeOnce(this, options);
+  }
+
+  /** Closes the channel. Calls in flight fail with `CANCELLED`/`UNAVAILABLE`. */
+  close(): void {
+    this.raw.close();
+  }
+
+  private callMetadata(extra?: Metadata): Metadata {
+    const md = new Metadata();
+    if (this.token !== undefined) md.set("authorization", `Bearer ${this.token}`);
+    if (this.tenantId !== undefined) md.set("x-tenant-id", this.tenantId);
+    if (extra) md.merge(extra);
+    return md;
+  }
+
+  private unary<Res>(
+    options: CallOptions | undefined,
+    start: (
+      metadata: Metadata,
+      callOptions: Partial<GrpcCallOptions>,
+      callback: (error: ServiceError | null, response: Res) => void,
+    ) => ClientUnaryCall,
+  ): Promise<Res> {
+    const signal = options?.signal;
+    if (signal?.aborted) {
+      return Promise.reject(signal.reason ?? new Error("aborted"));
+    }
+    return new Promise<Res>((resolve, reject) => {
+      const deadline = new Date(Date.now() + (options?.deadlineMs ?? this.deadlineMs));
+      const onAbort = (): void => call.cancel();
+      const call = start(this.callMetadata(options?.metadata), { deadline }, (error, response) => {
+        signal?.removeEventListener("abort", onAbort);
+        if (error) reject(RpcError.fromServiceError(error));
+        else resolve(response);
+      });
+      signal?.addEventListener("abort", onAbort, { once: true });
+    });
+  }
+}
+
+function channelCredentials(tls: boolean | TlsOptions): ChannelCredentials {
+  if (tls === false) return grpcCredentials.createInsecure();
+  if (tls === true) return grpcCredentials.createSsl();
+  const ca = tls.ca !== undefined ? Buffer.from(tls.ca) : tls.caFile !== undefined ? readFileSync(tls.caFile) : null;
+  return grpcCredentials.createSsl(ca);
+}

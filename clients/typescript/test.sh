@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds the TypeScript SDK from scratch and runs all of its tests against a real idemd:
+# fingerprint + downstream-key vectors, the shared conformance scenarios, executor tests,
+# the README example and the HTTP example.
+#
+#   IDEMD_BIN=/path/to/idemd clients/typescript/test.sh
+#
+# IDEMD_BIN defaults to <repo>/target/debug/idemd. Needs Node.js >= 20 with npm (installed
+# from Debian's packages if absent), and Maven for scripts/protoc.sh. Dependencies come from
+# the npm registry (npm ci against the committed package-lock.json, cached in ~/.npm).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+export IDEMD_BIN="${IDEMD_BIN:-$repo/target/debug/idemd}"
+cd "$here"
+
+need_node() {
+  command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 &&
+    node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)'
+}
+if ! need_node; then
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "test.sh: installing Node.js and npm from Debian's packages" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >&2
+  fi
+  if ! need_node; then
+    echo "test.sh: Node.js >= 20 with npm is required (found: $(node --version 2>/dev/null || echo none))" >&2
+    exit 1
+  fi
+fi
+if [ ! -x "$IDEMD_BIN" ]; then
+  echo "test.sh: idemd binary not found at $IDEMD_BIN (cargo build, or set IDEMD_BIN)" >&2
+  exit 1
+fi
+
+# npm ci only when the lockfile changed since the last install (it wipes node_modules).
+lock_sum="$(sha256sum package-lock.json | cut -d' ' -f1)"
+stamp="node_modules/.idemd-lock-sha256"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$lock_sum" ]; then
+  npm ci --ignore-scripts --no-audit --no-fund --prefer-offline
+  echo "$lock_sum" > "$stamp"
+fi
+
+# Stubs (protoc + ts-proto into src/gen/), then tsc into dist/.
+npm run --silent build
+# node --test prints its summary (# tests / # pass / # fail) and exits non-zero on a failure.
+npm test --silent

@@ -1,0 +1,320 @@
+//! Reading CQL result rows by column name.
+//!
+//! LWT results do not have one shape: ScyllaDB answers every conditional
+//! statement with `[applied]`, the primary key and the old values of the
+//! condition columns (all columns for `IF NOT EXISTS`, NULL when there was no
+//! row); Cassandra answers `[applied]` alone when applied, the current values
+//! of the IF columns after a failed `UPDATE … IF`, and the whole existing row
+//! after a failed `INSERT … IF NOT EXISTS`. So results are read as a map from
+//! column name to value, never with a fixed row shape, and a record is only
+//! built when every column it needs is present.
+
+use std::collections::HashMap;
+
+use scylla::response::query_result::QueryResult;
+use scylla::value::{CqlValue, Row};
+
+use crate::store::embedded::codec;
+use crate::store::{Record, RecordKey, RecordState, StoreError};
+
+/// One result row: column name → value (`None` for NULL).
+pub type NamedRow = HashMap<String, Option<CqlValue>>;
+
+/// The rows of a result, each as a [`NamedRow`]. A result without rows (a
+/// plain write) yields an empty list.
+pub fn named_rows(result: QueryResult) -> Result<Vec<NamedRow>, StoreError> {
+    if !result.is_rows() {
+        return Ok(Vec::new());
+    }
+    let rows = result
+        .into_rows_result()
+        .map_err(|e| StoreError::Corrupt(format!("unreadable result: {e}")))?;
+    let names: Vec<String> = rows
+        .column_specs()
+        .iter()
+        .map(|spec| spec.name().to_string())
+        .collect();
+    let mut out = Vec::new();
+    for row in rows
+        .rows::<Row>()
+        .map_err(|e| StoreError::Corrupt(format!("unreadable rows: {e}")))?
+    {
+        let row = row.map_err(|e| StoreError::Corrupt(format!("unreadable row: {e}")))?;
+        out.push(names.iter().cloned().zip(row.columns).collect());
+    }
+    Ok(out)
+}
+
+/// Whether a conditional statement was applied (`[applied]`).
+pub fn applied(row: &NamedRow) -> Result<bool, StoreError> {
+    match row.get("[applied]") {
+        Some(Some(CqlValue::Boolean(applied))) => Ok(*applied),
+        _ => Err(StoreError::Corrupt(
+            "conditional statement result has no [applied] column".to_string(),
+        )),
+    }
+}
+
+fn text(row: &NamedRow, name: &str) -> Result<Option<String>, StoreError> {
+    match row.get(name) {
+        None | Some(None) => Ok(None),
+        Some(Some(CqlValue::Text(value) | CqlValue::Ascii(value))) => Ok(Some(value.clone())),
+        Some(Some(other)) => Err(type_error(name, other)),
+    }
+}
+
+fn big_int(row: &NamedRow, name: &str) -> Result<Option<i64>, StoreError> {
+    match row.get(name) {
+        None | Some(None) => Ok(None),
+        Some(Some(CqlValue::BigInt(value))) => Ok(Some(*value)),
+        Some(Some(other)) => Err(type_error(name, other)),
+    }
+}
+
+fn int(row: &NamedRow, name: &str) -> Result<Option<i32>, StoreError> {
+    match row.get(name) {
+        None | Some(None) => Ok(None),
+        Some(Some(CqlValue::Int(value))) => Ok(Some(*value)),
+        Some(Some(other)) => Err(type_error(name, other)),
+    }
+}
+
+fn blob(row: &NamedRow, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    match row.get(name) {
+        None | Some(None) => Ok(None),
+        Some(Some(CqlValue::Blob(value))) => Ok(Some(value.clone())),
+        Some(Some(other)) => Err(type_error(name, other)),
+    }
+}
+
+fn type_error(name: &str, value: &CqlValue) -> StoreError {
+    StoreError::Corrupt(format!("column {name} has unexpected type: {value:?}"))
+}
+
+/// Stable text of a state in the `state` column.
+pub fn state_text(state: RecordState) -> &'static str {
+    state.as_str()
+}
+
+fn state_from_text(value: &str) -> Result<RecordState, StoreError> {
+    Ok(match value {
+        "in_progress" => RecordState::InProgress,
+        "completed" => RecordState::Completed,
+        "failed" => RecordState::Failed,
+        "unknown" => RecordState::Unknown,
+        other => return Err(StoreError::Corrupt(format!("unknown state {other:?}"))),
+    })
+}
+
+/// Builds the record for `id` from a row that carries every record column.
+///
+/// `Ok(None)` when the row has no record in it: a ScyllaDB LWT result for a
+/// missing row (all values NULL), or a Cassandra result that only carries
+/// `[applied]` or the condition columns. Callers that need the record then
+/// read it at SERIAL.
+pub fn record_from_row(id: &RecordKey, row: &NamedRow) -> Result<Option<Record>, StoreError> {
+    let Some(state) = text(row, "state")? else {
+        return Ok(None);
+    };
+    let required = |name: &str, value: Option<i64>| {
+        value.ok_or_else(|| StoreError::Corrupt(format!("record column {name} is NULL")))
+    };
+    // A row with `state` but without the other columns is a partial LWT
+    // result (condition columns only): not a record.
+    let (Some(created_at_ms), Some(expires_at_ms)) =
+        (big_int(row, "created_at")?, big_int(row, "expires_at")?)
+    else {
+        return Ok(None);
+    };
+    if !row.contains_key("fingerprint") || !row.contains_key("response") {
+        return Ok(None);
+    }
+    let response = match blob(row, "response")? {
+        Some(bytes) => {
+            Some(codec::decode_response(&bytes).map_err(|e| StoreError::Corrupt(e.to_string()))?)
+        }
+        None => None,
+    };
+    Ok(Some(Record {
+        id: id.clone(),
+        state: state_from_text(&state)?,
+        fingerprint: blob(row, "fingerprint")?.unwrap_or_default(),
+        attempt: u32::try_from(int(row, "attempt")?.unwrap_or(0)).unwrap_or(0),
+        lease_token: text(row, "lease_token")?.unwrap_or_default(),
+        attempt_id: text(row, "attempt_id")?.unwrap_or_default(),
+        created_at_ms,
+        updated_at_ms: required("updated_at", big_int(row, "updated_at")?)?,
+        lease_expires_at_ms: big_int(row, "lease_expires_at")?.unwrap_or(0),
+        completed_at_ms: big_int(row, "completed_at")?,
+        expires_at_ms,
+        response,
+        reason: text(row, "reason")?.unwrap_or_default(),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoredResponse;
+
+    fn id() -> RecordKey {
+        RecordKey {
+            tenant: "t".into(),
+            endpoint: "POST /v1/payments".into(),
+            key: "k".into(),
+        }
+    }
+
+    fn record() -> Record {
+        Record {
+            id: id(),
+            state: RecordState::Completed,
+            fingerprint: vec![1; 32],
+            attempt: 2,
+            lease_token: "tok".into(),
+            attempt_id: "a".into(),
+            created_at_ms: 10,
+            updated_at_ms: 20,
+            lease_expires_at_ms: 30,
+            completed_at_ms: Some(20),
+            expires_at_ms: 40,
+            response: Some(StoredResponse {
+                status: 201,
+                headers: vec![("a".into(), "1".into())],
+                body: b"body".to_vec(),
+                body_ref: String::new(),
+            }),
+            reason: String::new(),
+        }
+    }
+
+    fn full_row(applied: bool, record: &Record) -> NamedRow {
+        let mut row = NamedRow::new();
+        row.insert("[applied]".into(), Some(CqlValue::Boolean(applied)));
+        row.insert(
+            "tenant".into(),
+            Some(CqlValue::Text(record.id.tenant.clone())),
+        );
+        row.insert(
+            "endpoint".into(),
+            Some(CqlValue::Text(record.id.endpoint.clone())),
+        );
+        row.insert("key".into(), Some(CqlValue::Text(record.id.key.clone())));
+        row.insert(
+            "state".into(),
+            Some(CqlValue::Text(record.state.as_str().into())),
+        );
+        row.insert(
+            "fingerprint".into(),
+            Some(CqlValue::Blob(record.fingerprint.clone())),
+        );
+        row.insert("attempt".into(), Some(CqlValue::Int(record.attempt as i32)));
+        row.insert(
+            "lease_token".into(),
+            Some(CqlValue::Text(record.lease_token.clone())),
+        );
+        row.insert(
+            "attempt_id".into(),
+            Some(CqlValue::Text(record.attempt_id.clone())),
+        );
+        row.insert(
+            "created_at".into(),
+            Some(CqlValue::BigInt(record.created_at_ms)),
+        );
+        row.insert(
+            "updated_at".into(),
+            Some(CqlValue::BigInt(record.updated_at_ms)),
+        );
+        row.insert(
+            "lease_expires_at".into(),
+            Some(CqlValue::BigInt(record.lease_expires_at_ms)),
+        );
+        row.insert(
+            "completed_at".into(),
+            record.completed_at_ms.map(CqlValue::BigInt),
+        );
+        row.insert(
+            "expires_at".into(),
+            Some(CqlValue::BigInt(record.expires_at_ms)),
+        );
+        row.insert(
+            "response".into(),
+            record
+                .response
+                .as_ref()
+                .map(|r| CqlValue::Blob(codec::encode_response(r))),
+        );
+        row.insert("reason".into(), Some(CqlValue::Text(record.reason.clone())));
+        row
+    }
+
+    #[test]
+    fn cassandra_applied_insert_is_only_the_flag() {
+        let mut row = NamedRow::new();
+        row.insert("[applied]".into(), Some(CqlValue::Boolean(true)));
+        assert_eq!(applied(&row), Ok(true));
+        assert_eq!(record_from_row(&id(), &row), Ok(None));
+    }
+
+    #[test]
+    fn failed_insert_carries_the_existing_row_on_both_engines() {
+        let existing = record();
+        let row = full_row(false, &existing);
+        assert_eq!(applied(&row), Ok(false));
+        assert_eq!(record_from_row(&id(), &row), Ok(Some(existing)));
+    }
+
+    #[test]
+    fn scylla_applied_insert_has_null_columns() {
+        let mut row = full_row(true, &record());
+        for value in row
+            .values_mut()
+            .filter(|v| !matches!(v, Some(CqlValue::Boolean(_))))
+        {
+            *value = None;
+        }
+        assert_eq!(applied(&row), Ok(true));
+        assert_eq!(record_from_row(&id(), &row), Ok(None), "no row existed");
+    }
+
+    #[test]
+    fn failed_update_carries_only_condition_columns() {
+        // Cassandra: [applied] + the IF columns; ScyllaDB: + the primary key.
+        for with_key in [false, true] {
+            let mut row = NamedRow::new();
+            row.insert("[applied]".into(), Some(CqlValue::Boolean(false)));
+            row.insert("state".into(), Some(CqlValue::Text("completed".into())));
+            row.insert("lease_token".into(), Some(CqlValue::Text("other".into())));
+            row.insert("expires_at".into(), Some(CqlValue::BigInt(40)));
+            if with_key {
+                row.insert("tenant".into(), Some(CqlValue::Text("t".into())));
+                row.insert("endpoint".into(), Some(CqlValue::Text("e".into())));
+                row.insert("key".into(), Some(CqlValue::Text("k".into())));
+            }
+            assert_eq!(applied(&row), Ok(false));
+            assert_eq!(
+                record_from_row(&id(), &row),
+                Ok(None),
+                "partial rows are not records"
+            );
+        }
+    }
+
+    #[test]
+    fn missing_applied_column_is_an_error() {
+        assert!(applied(&NamedRow::new()).is_err());
+        let mut row = NamedRow::new();
+        row.insert("[applied]".into(), Some(CqlValue::Int(1)));
+        assert!(applied(&row).is_err());
+    }
+
+    #[test]
+    fn wrong_types_are_errors_not_panics() {
+        let mut row = full_row(false, &record());
+        row.insert(
+            "created_at".into(),
+            Some(CqlValue::Text("yesterday".into())),
+        );
+        assert!(record_from_row(&id(), &row).is_err());
+    }
+}

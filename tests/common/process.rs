@@ -1,0 +1,92 @@
+//! Running the `idemd` binary as a child process and finding its address.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A running `idemd` process.
+pub struct Process {
+    /// The child.
+    pub child: Child,
+    /// The gRPC address it logged.
+    pub addr: std::net::SocketAddr,
+    /// Log lines after start-up.
+    pub lines: mpsc::Receiver<String>,
+}
+
+/// `idemd` on port 0 with JSON logs and `data_dir`, plus `extra` flags.
+pub fn idemd_command(data_dir: &std::path::Path, extra: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_idemd"));
+    command
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            "--data-dir",
+        ])
+        .arg(data_dir)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// Starts `idemd` and waits for its "idemd serving" log line.
+pub fn spawn(data_dir: &std::path::Path, extra: &[&str]) -> Process {
+    let mut child = idemd_command(data_dir, extra).spawn().expect("spawn idemd");
+    let stderr = child.stderr.take().expect("stderr");
+    let (sender, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut addr = None;
+    let mut seen = Vec::new();
+    while addr.is_none() {
+        let remaining = deadline.saturating_duration_since(std::time::Instant::now());
+        let Ok(line) = lines.recv_timeout(remaining) else {
+            break;
+        };
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else {
+            seen.push(line);
+            continue;
+        };
+        if event["message"] == "idemd serving" {
+            addr = event["address"].as_str().and_then(|a| a.parse().ok());
+        }
+        seen.push(line);
+    }
+    match addr {
+        Some(addr) => Process { child, addr, lines },
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "idemd did not log 'idemd serving' with an address within 30 s; its log:\n{}",
+                seen.join("\n")
+            );
+        }
+    }
+}
+
+/// SIGKILL and reap.
+pub fn kill9(mut process: Process) {
+    process.child.kill().expect("SIGKILL");
+    process.child.wait().expect("reaped");
+}
+
+/// Sends SIGTERM.
+pub fn sigterm(process: &Process) {
+    let status = Command::new("kill")
+        .args(["-TERM", &process.child.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(status.success());
+}

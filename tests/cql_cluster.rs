@@ -1,0 +1,291 @@
+//! The CQL backend as a shared service: several idemd replicas on one
+//! cluster, uncertain (timed-out) writes, and concurrent migrations.
+
+mod common;
+mod cql_support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::process::{kill9, spawn};
+use common::*;
+use idemd::proto::v1 as pb;
+use idemd::store::cql::CqlStore;
+use idemd::store::{InsertOutcome, Record, RecordKey, RecordState, Store, StoreError};
+
+fn cql_flags(keyspace: &str) -> Vec<String> {
+    vec![
+        "--store".into(),
+        "cql".into(),
+        "--cql-nodes".into(),
+        cql_support::nodes().join(","),
+        "--keyspace".into(),
+        keyspace.into(),
+    ]
+}
+
+fn unique(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{name}-{nanos:x}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_on_one_cluster_have_one_winner_per_key() {
+    cql_support::migrated_options().await;
+    let flags = cql_flags(cql_support::TEST_KEYSPACE);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let dir_a = tempfile::tempdir().expect("temp dir");
+    let dir_b = tempfile::tempdir().expect("temp dir");
+    let replica_a = spawn(dir_a.path(), &flags);
+    let replica_b = spawn(dir_b.path(), &flags);
+    let tenant = unique("replicas");
+    let keys = 200;
+    let per_key = 32;
+
+    let mut tasks = Vec::new();
+    let clients = [connect(replica_a.addr).await, connect(replica_b.addr).await];
+    for contender in 0..per_key {
+        for key in 0..keys {
+            let replica = contender % 2;
+            let mut client = clients[replica].clone();
+            let request = claim(PAYMENTS, &format!("k{key}"), 7);
+            let tenant = tenant.clone();
+            tasks.push(tokio::spawn(async move {
+                let response = client.claim(as_tenant(&tenant, request)).await;
+                (key, replica, response)
+            }));
+        }
+    }
+    let mut winners: HashMap<usize, Vec<(usize, pb::Claimed)>> = HashMap::new();
+    let mut unavailable = 0;
+    for task in tasks {
+        let (key, replica, response) = task.await.expect("task");
+        match response {
+            Ok(response) => match outcome_name(&response.get_ref().clone()) {
+                "claimed" => winners
+                    .entry(key)
+                    .or_default()
+                    .push((replica, claimed(response.get_ref()))),
+                "in_progress" => {}
+                other => panic!("unexpected outcome {other}"),
+            },
+            // An uncertain write that could not be resolved is reported,
+            // never guessed; it must be rare and is not a winner.
+            Err(status) if status.code() == tonic::Code::Unavailable => unavailable += 1,
+            Err(status) => panic!("claim failed: {status:?}"),
+        }
+    }
+    assert!(
+        unavailable <= keys * per_key / 100,
+        "{unavailable} unavailable answers"
+    );
+    for key in 0..keys {
+        let found = winners.get(&key).map_or(0, Vec::len);
+        assert!(found <= 1, "key k{key} has {found} winners");
+    }
+    assert!(
+        winners.len() >= keys - unavailable,
+        "almost every key has its winner"
+    );
+
+    // Complete through the replica that won, replay through the other.
+    let mut completed = 0;
+    for (key, holders) in &winners {
+        let (replica, lease) = &holders[0];
+        let mut writer = clients[*replica].clone();
+        let mut reader = clients[1 - *replica].clone();
+        let response = sample_response(&format!("pay-{key}"));
+        writer
+            .complete(as_tenant(
+                &tenant,
+                pb::CompleteRequest {
+                    endpoint: PAYMENTS.into(),
+                    key: format!("k{key}"),
+                    lease_token: lease.lease_token.clone(),
+                    response: Some(response.clone()),
+                },
+            ))
+            .await
+            .expect("complete");
+        let replay = reader
+            .claim(as_tenant(&tenant, claim(PAYMENTS, &format!("k{key}"), 7)))
+            .await
+            .expect("claim on the other replica")
+            .into_inner();
+        assert_eq!(
+            replayed(&replay).response,
+            Some(response),
+            "replayed across replicas"
+        );
+        completed += 1;
+        if completed == 50 {
+            break;
+        }
+    }
+    kill9(replica_a);
+    kill9(replica_b);
+}
+
+fn contender_record(key: &RecordKey, contender: usize, now: i64) -> Record {
+    Record {
+        id: key.clone(),
+        state: RecordState::InProgress,
+        fingerprint: vec![5; 32],
+        attempt: 1,
+        lease_token: format!("token-{contender}-{}", unique("t")),
+        attempt_id: String::new(),
+        created_at_ms: now,
+        updated_at_ms: now,
+        lease_expires_at_ms: now + 60_000,
+        completed_at_ms: None,
+        expires_at_ms: now + 3_600_000,
+        response: None,
+        reason: String::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn statement_timeouts_never_yield_two_winners() {
+    let options = cql_support::migrated_options().await;
+    // A client timeout far below an LWT round trip: most writes time out
+    // after being sent, so their outcome is unknown until resolved.
+    let mut impatient_options = options.clone();
+    impatient_options.request_timeout = Duration::from_micros(500);
+    let impatient = Arc::new(CqlStore::open(&impatient_options).await.expect("connect"));
+    let verifier = CqlStore::open(&options).await.expect("connect");
+    let tenant = unique("timeouts");
+    let now = idemd::clock::Clock::now_ms(&idemd::clock::SystemClock);
+    let keys: Vec<RecordKey> = (0..60)
+        .map(|i| RecordKey {
+            tenant: tenant.clone(),
+            endpoint: "e".into(),
+            key: format!("k{i}"),
+        })
+        .collect();
+    let mut tasks = Vec::new();
+    for key in &keys {
+        for contender in 0..6 {
+            let store = Arc::clone(&impatient);
+            let record = contender_record(key, contender, now);
+            tasks.push(tokio::spawn(async move {
+                let outcome = store.insert_if_absent(&record, now).await;
+                (record, outcome)
+            }));
+        }
+    }
+    let mut winners: HashMap<RecordKey, Vec<String>> = HashMap::new();
+    let mut uncertain = 0;
+    for task in tasks {
+        let (record, outcome) = task.await.expect("task");
+        match outcome {
+            Ok(InsertOutcome::Inserted) => winners
+                .entry(record.id.clone())
+                .or_default()
+                .push(record.lease_token),
+            Ok(InsertOutcome::Exists(existing)) => {
+                assert_ne!(
+                    existing.lease_token, record.lease_token,
+                    "a loser is shown someone else's claim"
+                );
+            }
+            Err(StoreError::Uncertain(_)) | Err(StoreError::Unavailable(_)) => uncertain += 1,
+            Err(other) => panic!("unexpected error {other:?}"),
+        }
+    }
+    let resolved = impatient.stats().uncertain_writes.load(Ordering::Relaxed);
+    assert!(resolved > 0, "the timeout path was exercised");
+    for key in &keys {
+        let stored = verifier
+            .get(key, now)
+            .await
+            .expect("serial-consistent read");
+        let claimed_by = winners.get(key).cloned().unwrap_or_default();
+        assert!(
+            claimed_by.len() <= 1,
+            "{key:?} has {} winners",
+            claimed_by.len()
+        );
+        if let (Some(winner), Some(stored)) = (claimed_by.first(), stored) {
+            assert_eq!(
+                &stored.lease_token, winner,
+                "the reported winner is the stored one"
+            );
+        }
+    }
+    println!(
+        "uncertain writes resolved by SERIAL reads: {resolved}; reported uncertain/unavailable: {uncertain}; keys with a confirmed winner: {}",
+        winners.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_migrations_apply_each_migration_once() {
+    let keyspace = format!("idemd_mig_{}", unique("x").replace('-', "_"));
+    let run = |keyspace: String| {
+        std::thread::spawn(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_idemd"))
+                .args([
+                    "migrate",
+                    "--cql-nodes",
+                    &cql_support::nodes().join(","),
+                    "--keyspace",
+                    &keyspace,
+                ])
+                .output()
+                .expect("run idemd migrate")
+        })
+    };
+    let first = run(keyspace.clone());
+    let second = run(keyspace.clone());
+    let outputs = [first.join().expect("join"), second.join().expect("join")];
+    let mut applied_by = 0;
+    for output in &outputs {
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "migrate failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        if stdout.contains("applied by this run: [1]") {
+            applied_by += 1;
+        } else {
+            assert!(stdout.contains("already applied: [1]"), "{stdout}");
+        }
+    }
+    assert_eq!(applied_by, 1, "exactly one run applied migration 1");
+    let third = run(keyspace.clone()).join().expect("join");
+    let stdout = String::from_utf8_lossy(&third.stdout);
+    assert!(
+        stdout.contains("applied by this run: []; already applied: [1]"),
+        "idempotent: {stdout}"
+    );
+    // The migrated keyspace serves.
+    let mut options = cql_support::options();
+    options.keyspace = keyspace.clone();
+    let store = CqlStore::open(&options)
+        .await
+        .expect("open migrated keyspace");
+    let id = RecordKey {
+        tenant: "t".into(),
+        endpoint: "e".into(),
+        key: "k".into(),
+    };
+    let now = idemd::clock::Clock::now_ms(&idemd::clock::SystemClock);
+    assert_eq!(
+        store
+            .insert_if_absent(&contender_record(&id, 0, now), now)
+            .await
+            .expect("insert"),
+        InsertOutcome::Inserted
+    );
+    let session = idemd::store::cql::connect(&options).await.expect("connect");
+    session
+        .query_unpaged(format!("DROP KEYSPACE {keyspace}"), ())
+        .await
+        .expect("drop test keyspace");
+}

@@ -1,0 +1,23 @@
+//! The gRPC contract suite against a real server on the CQL backend.
+
+mod common;
+mod cql_support;
+mod grpc_suite;
+
+use common::{StoreFactory, TestServer, test_settings};
+use idemd::store::Store;
+use idemd::store::cql::CqlStore;
+use std::sync::Arc;
+
+async fn start() -> TestServer {
+    let options = cql_support::migrated_options().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let settings = test_settings(dir.path());
+    let factory: StoreFactory = Box::pin(async move {
+        let store: Arc<dyn Store> = Arc::new(CqlStore::open(&options).await?);
+        Ok(store)
+    });
+    TestServer::start(dir, settings, Some(factory)).await
+}
+
+grpc_suite!(start);
