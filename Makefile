@@ -8,7 +8,7 @@ TARGET_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target))
 IDEMD_BIN ?= $(TARGET_DIR)/debug/idemd
 SDKS := python go typescript java
 
-.PHONY: all build release test fmt-check clippy cargo-test sdk-test $(addprefix sdk-,$(SDKS)) run clean
+.PHONY: all build release test fmt-check clippy cargo-test cql-test sdk-test $(addprefix sdk-,$(SDKS)) run clean
 
 all: build
 
@@ -19,17 +19,23 @@ release:
 	$(CARGO) build --release
 
 ## test: everything CI checks, from a fresh machine.
-test: fmt-check clippy cargo-test sdk-test
+test: fmt-check clippy cargo-test cql-test sdk-test
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
 
 clippy:
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --all-targets --all-features -- -D warnings
 
 cargo-test:
 	$(CARGO) test --all-targets
 	$(CARGO) test --doc
+
+## cql-test: the store and gRPC suites, multi-replica and timeout tests on a
+## real Cassandra 5.0 cluster (scripts/cassandra.sh: jars from Maven Central).
+cql-test:
+	scripts/with-cassandra.sh -- $(CARGO) test --features cql-tests \
+		--test store_cql --test grpc_cql --test cql_cluster
 
 ## sdk-test: the four client SDKs against a live idemd (shared conformance suite).
 sdk-test: $(addprefix sdk-,$(SDKS))

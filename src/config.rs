@@ -116,6 +116,11 @@ pub struct CqlArgs {
     /// Client-side timeout of each CQL statement.
     #[arg(long, env = "IDEMD_CQL_REQUEST_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub cql_request_timeout: Duration,
+    /// Client-side timeout of conditional (Paxos) writes; defaults to
+    /// `--cql-request-timeout`. A write that times out is resolved with a
+    /// SERIAL read, never guessed.
+    #[arg(long, env = "IDEMD_CQL_LWT_TIMEOUT", value_parser = humantime::parse_duration)]
+    pub cql_lwt_timeout: Option<Duration>,
 }
 
 impl CqlArgs {
@@ -135,7 +140,7 @@ impl CqlArgs {
                 "username and password must be given together",
             ));
         }
-        if self.cql_request_timeout.is_zero() {
+        if self.cql_request_timeout.is_zero() || self.cql_lwt_timeout.is_some_and(|t| t.is_zero()) {
             return Err(ConfigError::new(
                 "cql_request_timeout",
                 "must be greater than zero",
@@ -154,6 +159,7 @@ impl CqlArgs {
             consistency: self.cql_consistency,
             local_datacenter: self.cql_local_dc.clone(),
             request_timeout: self.cql_request_timeout,
+            lwt_timeout: self.cql_lwt_timeout,
             max_ttl,
         })
     }

@@ -152,10 +152,11 @@ fn contender_record(key: &RecordKey, contender: usize, now: i64) -> Record {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn statement_timeouts_never_yield_two_winners() {
     let options = cql_support::migrated_options().await;
-    // A client timeout far below an LWT round trip: most writes time out
-    // after being sent, so their outcome is unknown until resolved.
+    // A client timeout on conditional writes far below a Paxos round trip:
+    // most time out after being sent, so their outcome is unknown until
+    // resolved. Plain statements keep the normal timeout.
     let mut impatient_options = options.clone();
-    impatient_options.request_timeout = Duration::from_micros(500);
+    impatient_options.lwt_timeout = Some(Duration::from_micros(300));
     let impatient = Arc::new(CqlStore::open(&impatient_options).await.expect("connect"));
     let verifier = CqlStore::open(&options).await.expect("connect");
     let tenant = unique("timeouts");

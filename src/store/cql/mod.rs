@@ -54,6 +54,7 @@ use scylla::errors::{DbError, ExecutionError, RequestAttemptError, WriteType};
 use scylla::policies::load_balancing::DefaultPolicy;
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::{Consistency, SerialConsistency};
+use scylla::value::CqlValue;
 
 use super::embedded::codec;
 use super::{
@@ -139,6 +140,10 @@ pub struct CqlOptions {
     pub local_datacenter: Option<String>,
     /// Client-side timeout of each statement.
     pub request_timeout: Duration,
+    /// Client-side timeout of conditional (Paxos) writes, when it should
+    /// differ from `request_timeout`. When it fires, the write's outcome is
+    /// resolved by a SERIAL read.
+    pub lwt_timeout: Option<Duration>,
     /// The longest ttl any policy allows: how far back ListPending looks.
     pub max_ttl: Duration,
 }
@@ -155,6 +160,7 @@ impl CqlOptions {
             consistency: CqlConsistency::Quorum,
             local_datacenter: None,
             request_timeout: Duration::from_secs(5),
+            lwt_timeout: None,
             max_ttl: Duration::from_secs(7 * 24 * 3600),
         }
     }
@@ -271,7 +277,7 @@ impl Statements {
         let set_all = "state = ?, fingerprint = ?, attempt = ?, lease_token = ?, attempt_id = ?, \
              created_at = ?, updated_at = ?, lease_expires_at = ?, completed_at = ?, \
              expires_at = ?, response = ?, reason = ?";
-        let statements = Self {
+        let mut statements = Self {
             select,
             select_serial,
             insert: prepare(format!(
@@ -310,6 +316,16 @@ impl Statements {
             ))
             .await?,
         };
+        if let Some(timeout) = options.lwt_timeout {
+            for statement in [
+                &mut statements.insert,
+                &mut statements.replace,
+                &mut statements.replace_expired,
+                &mut statements.delete,
+            ] {
+                statement.set_request_timeout(Some(timeout));
+            }
+        }
         Ok(statements)
     }
 }
@@ -412,37 +428,47 @@ fn attempt_value(record: &Record) -> i32 {
     i32::try_from(record.attempt).unwrap_or(i32::MAX)
 }
 
-/// The record columns in `RECORD_COLUMNS` order.
-type RecordValues = (
-    &'static str,
-    Vec<u8>,
-    i32,
-    String,
-    String,
-    i64,
-    i64,
-    i64,
-    Option<i64>,
-    i64,
-    Option<Vec<u8>>,
-    String,
-);
+/// Bound values of one statement. Plain tuples stop at 16 elements and do
+/// not flatten, and a conditional update binds 19 values.
+type Values = Vec<Option<CqlValue>>;
 
-fn record_values(record: &Record) -> RecordValues {
-    (
-        rows::state_text(record.state),
-        record.fingerprint.clone(),
-        attempt_value(record),
-        record.lease_token.clone(),
-        record.attempt_id.clone(),
-        record.created_at_ms,
-        record.updated_at_ms,
-        record.lease_expires_at_ms,
-        record.completed_at_ms,
-        record.expires_at_ms,
-        record.response.as_ref().map(codec::encode_response),
-        record.reason.clone(),
-    )
+fn text_value(value: &str) -> Option<CqlValue> {
+    Some(CqlValue::Text(value.to_string()))
+}
+
+/// The primary key columns.
+fn key_values(id: &RecordKey) -> Values {
+    vec![
+        text_value(&id.tenant),
+        text_value(&id.endpoint),
+        text_value(&id.key),
+    ]
+}
+
+/// The record columns in `RECORD_COLUMNS` order.
+fn record_values(record: &Record) -> Values {
+    vec![
+        text_value(rows::state_text(record.state)),
+        Some(CqlValue::Blob(record.fingerprint.clone())),
+        Some(CqlValue::Int(attempt_value(record))),
+        text_value(&record.lease_token),
+        text_value(&record.attempt_id),
+        Some(CqlValue::BigInt(record.created_at_ms)),
+        Some(CqlValue::BigInt(record.updated_at_ms)),
+        Some(CqlValue::BigInt(record.lease_expires_at_ms)),
+        record.completed_at_ms.map(CqlValue::BigInt),
+        Some(CqlValue::BigInt(record.expires_at_ms)),
+        record
+            .response
+            .as_ref()
+            .map(|r| CqlValue::Blob(codec::encode_response(r))),
+        text_value(&record.reason),
+    ]
+}
+
+/// Concatenates groups of bound values.
+fn values(groups: impl IntoIterator<Item = Values>) -> Values {
+    groups.into_iter().flatten().collect()
 }
 
 /// Whether `current` is exactly the state `written` put there: the fields a
@@ -593,14 +619,15 @@ impl CqlStore {
 
     async fn try_insert(&self, record: &Record, now_ms: i64) -> StoreResult<Option<InsertOutcome>> {
         let id = &record.id;
-        let values = (
-            &id.tenant,
-            &id.endpoint,
-            &id.key,
+        let bound = values([
+            key_values(id),
             record_values(record),
-            ttl_seconds(record.expires_at_ms, now_ms),
-        );
-        match self.conditional(&self.statements.insert, values).await {
+            vec![Some(CqlValue::Int(ttl_seconds(
+                record.expires_at_ms,
+                now_ms,
+            )))],
+        ]);
+        match self.conditional(&self.statements.insert, bound).await {
             Ok((true, _)) => Ok(Some(InsertOutcome::Inserted)),
             Ok((false, row)) => {
                 let existing = match row.as_ref().map(|row| rows::record_from_row(id, row)) {
@@ -640,16 +667,17 @@ impl CqlStore {
         now_ms: i64,
     ) -> StoreResult<Option<InsertOutcome>> {
         let id = &record.id;
-        let values = (
-            ttl_seconds(record.expires_at_ms, now_ms),
+        let bound = values([
+            vec![Some(CqlValue::Int(ttl_seconds(
+                record.expires_at_ms,
+                now_ms,
+            )))],
             record_values(record),
-            &id.tenant,
-            &id.endpoint,
-            &id.key,
-            now_ms,
-        );
+            key_values(id),
+            vec![Some(CqlValue::BigInt(now_ms))],
+        ]);
         match self
-            .conditional(&self.statements.replace_expired, values)
+            .conditional(&self.statements.replace_expired, bound)
             .await
         {
             Ok((true, _)) => {
@@ -708,17 +736,20 @@ impl Store for CqlStore {
     ) -> StoreResult<CasOutcome> {
         let id = &record.id;
         self.index_put(record, now_ms).await?;
-        let values = (
-            ttl_seconds(record.expires_at_ms, now_ms),
+        let bound = values([
+            vec![Some(CqlValue::Int(ttl_seconds(
+                record.expires_at_ms,
+                now_ms,
+            )))],
             record_values(record),
-            &id.tenant,
-            &id.endpoint,
-            &id.key,
-            rows::state_text(expected.state),
-            &expected.lease_token,
-            now_ms,
-        );
-        let applied = match self.conditional(&self.statements.replace, values).await {
+            key_values(id),
+            vec![
+                text_value(rows::state_text(expected.state)),
+                text_value(&expected.lease_token),
+                Some(CqlValue::BigInt(now_ms)),
+            ],
+        ]);
+        let applied = match self.conditional(&self.statements.replace, bound).await {
             Ok((applied, _)) => applied,
             Err(Failure::NotApplied(error)) => return Err(error),
             Err(Failure::Maybe(why)) => match self.resolve_read(id, &why).await? {
@@ -919,7 +950,6 @@ fn classify_entry(due: i64, record: Option<&Record>, now_ms: i64) -> EntryVerdic
 }
 
 fn index_entry(row: &NamedRow) -> StoreResult<(i64, String, String)> {
-    use scylla::value::CqlValue;
     let bad = || StoreError::Corrupt("malformed pending index entry".to_string());
     let due = match row.get("due_at") {
         Some(Some(CqlValue::BigInt(due))) => *due,
