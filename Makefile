@@ -41,7 +41,7 @@ cql-test:
 sdk-test: $(addprefix sdk-,$(SDKS))
 
 $(addprefix sdk-,$(SDKS)): build
-	IDEMD_BIN=$(IDEMD_BIN) clients/$(@:sdk-%=%)/test.sh
+	IDEMD_BIN=$(IDEMD_BIN) IDEMD_METRICS_LISTEN=off clients/$(@:sdk-%=%)/test.sh
 
 run:
 	$(CARGO) run --release

@@ -166,6 +166,18 @@ impl Authenticator {
             .ok_or(AuthError::Unknown)
     }
 
+    /// The tenants of the tokens file (empty with auth off).
+    pub fn tenants(&self) -> Vec<String> {
+        let Some(tokens) = &self.tokens else {
+            return Vec::new();
+        };
+        let table = tokens.read().unwrap_or_else(|e| e.into_inner());
+        let mut tenants: Vec<String> = table.values().cloned().collect();
+        tenants.sort();
+        tenants.dedup();
+        tenants
+    }
+
     /// Re-reads the tokens file; on error the current table stays in force.
     pub fn reload(&self) -> Result<usize, TokenFileError> {
         let (Some(tokens), Some(path)) = (&self.tokens, &self.path) else {

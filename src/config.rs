@@ -221,6 +221,16 @@ pub struct ServeArgs {
     /// Memory for cached completed records (replays), in bytes.
     #[arg(long, env = "IDEMD_CACHE_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub cache_bytes: usize,
+    /// Prometheus `/metrics` address (separate from the gRPC port); `off`
+    /// disables the exporter.
+    #[arg(long, env = "IDEMD_METRICS_LISTEN", default_value = "0.0.0.0:9464")]
+    pub metrics_listen: String,
+    /// Distinct tenant label values in metrics before `_other`.
+    #[arg(long, env = "IDEMD_METRICS_MAX_TENANTS", default_value_t = 100)]
+    pub metrics_max_tenants: usize,
+    /// Distinct endpoint label values in metrics before `_other`.
+    #[arg(long, env = "IDEMD_METRICS_MAX_ENDPOINTS", default_value_t = 100)]
+    pub metrics_max_endpoints: usize,
 }
 
 /// A configuration problem, naming the field.
@@ -274,6 +284,10 @@ pub struct Settings {
     pub cache_bytes: usize,
     /// Endpoint policies.
     pub policies: PolicySet,
+    /// Prometheus exporter address; `None` disables it.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Label cardinality caps (tenants, endpoints).
+    pub metrics_label_caps: (usize, usize),
 }
 
 impl Settings {
@@ -290,6 +304,8 @@ impl Settings {
             sweep_interval: Duration::from_secs(30),
             cache_bytes: 16 * 1024 * 1024,
             policies: PolicySet::default(),
+            metrics_listen: None,
+            metrics_label_caps: (100, 100),
         }
     }
 
@@ -321,6 +337,13 @@ impl Settings {
             sweep_interval: args.sweep_interval,
             cache_bytes: args.cache_bytes,
             policies,
+            metrics_listen: match args.metrics_listen.trim() {
+                "off" | "" => None,
+                address => Some(address.parse().map_err(|e| {
+                    ConfigError::new("metrics_listen", format!("{address:?}: {e}"))
+                })?),
+            },
+            metrics_label_caps: (args.metrics_max_tenants, args.metrics_max_endpoints),
         };
         settings.validate()?;
         Ok(settings)

@@ -24,6 +24,8 @@
 //! * [`fingerprint`]: fingerprint v1, the canonical request digest.
 //! * [`store`]: the [`store::Store`] trait (the only seam between the engine
 //!   and storage) and its backends, one module each.
+//! * [`metrics`]: every Prometheus metric name and help text, the label
+//!   cardinality guard and the `/metrics` exporter.
 //! * [`clock`]: the time source, injectable so leases and TTLs are testable
 //!   without sleeping.
 //! * [`proto`]: the generated protobuf and gRPC code.
@@ -34,6 +36,7 @@ pub mod clock;
 pub mod config;
 pub mod engine;
 pub mod fingerprint;
+pub mod metrics;
 pub mod proto;
 pub mod server;
 pub mod store;

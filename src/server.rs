@@ -25,10 +25,12 @@ use crate::auth::Authenticator;
 use crate::clock::SharedClock;
 use crate::config::{Settings, StoreSettings};
 use crate::engine::Engine;
+use crate::metrics::LabelGuard;
 use crate::proto::v1 as pb;
 use crate::store::Store;
 use crate::store::cql::CqlStore;
 use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
+use crate::store::instrumented::InstrumentedStore;
 
 /// Fully qualified name of the service, as health checks know it.
 pub const SERVICE_NAME: &str = "idemd.v1.Idempotency";
@@ -85,13 +87,28 @@ impl EngineSlot {
     }
 }
 
+/// Delegates every RPC to the service once it exists, and records each
+/// call's latency and status code (`idemd_rpc_duration_seconds`): the one
+/// place every RPC passes through.
 macro_rules! delegate {
-    ($($method:ident($request:ty) -> $response:ty;)*) => {
+    ($($method:ident($request:ty) -> $response:ty, $name:literal;)*) => {
         #[tonic::async_trait]
         impl pb::idempotency_server::Idempotency for EngineSlot {
             $(
                 async fn $method(&self, request: Request<$request>) -> Result<Response<$response>, Status> {
-                    pb::idempotency_server::Idempotency::$method(self.get()?, request).await
+                    let started = std::time::Instant::now();
+                    let result = match self.get() {
+                        Ok(service) => pb::idempotency_server::Idempotency::$method(service, request).await,
+                        Err(status) => Err(status),
+                    };
+                    let code = result.as_ref().map_or_else(|status| status.code(), |_| tonic::Code::Ok);
+                    metrics::histogram!(
+                        crate::metrics::RPC_DURATION,
+                        "rpc" => $name,
+                        "code" => crate::metrics::code_name(code)
+                    )
+                    .record(started.elapsed().as_secs_f64());
+                    result
                 }
             )*
         }
@@ -99,13 +116,13 @@ macro_rules! delegate {
 }
 
 delegate! {
-    claim(pb::ClaimRequest) -> pb::ClaimResponse;
-    complete(pb::CompleteRequest) -> pb::CompleteResponse;
-    fail(pb::FailRequest) -> pb::FailResponse;
-    extend_lease(pb::ExtendLeaseRequest) -> pb::ExtendLeaseResponse;
-    lookup(pb::LookupRequest) -> pb::LookupResponse;
-    list_pending(pb::ListPendingRequest) -> pb::ListPendingResponse;
-    reconcile(pb::ReconcileRequest) -> pb::ReconcileResponse;
+    claim(pb::ClaimRequest) -> pb::ClaimResponse, "Claim";
+    complete(pb::CompleteRequest) -> pb::CompleteResponse, "Complete";
+    fail(pb::FailRequest) -> pb::FailResponse, "Fail";
+    extend_lease(pb::ExtendLeaseRequest) -> pb::ExtendLeaseResponse, "ExtendLease";
+    lookup(pb::LookupRequest) -> pb::LookupResponse, "Lookup";
+    list_pending(pb::ListPendingRequest) -> pb::ListPendingResponse, "ListPending";
+    reconcile(pb::ReconcileRequest) -> pb::ReconcileResponse, "Reconcile";
 }
 
 /// A server that is running.
@@ -232,8 +249,8 @@ where
         });
     let serve_task = tokio::spawn(serve);
 
-    let store = match open_store.await {
-        Ok(store) => store,
+    let store: Arc<dyn Store> = match open_store.await {
+        Ok(store) => Arc::new(InstrumentedStore::new(store)),
         Err(error) => {
             serve_task.abort();
             return Err(error);
@@ -245,7 +262,11 @@ where
         Arc::new(settings.policies.clone()),
         settings.cache_bytes,
     ));
-    let service = IdempotencyService::new(Arc::clone(&engine), auth.clone());
+    let labels = Arc::new(LabelGuard::new(
+        settings.metrics_label_caps.0,
+        settings.metrics_label_caps.1,
+    ));
+    let service = IdempotencyService::new(Arc::clone(&engine), auth.clone(), Arc::clone(&labels));
     if slot.0.set(service).is_err() {
         return Err(ServerError::Task("engine initialized twice".to_string()));
     }
@@ -261,6 +282,11 @@ where
     );
 
     let sweeper = tokio::spawn(sweep_forever(Arc::clone(&engine), settings.sweep_interval));
+    let pending_gauges = tokio::spawn(refresh_pending_gauges(
+        Arc::clone(&engine),
+        auth.clone(),
+        labels,
+    ));
     let watcher = tokio::spawn(auth.watch(TOKENS_POLL));
     let drain_timeout = settings.drain_timeout;
     let task = tokio::spawn(async move {
@@ -279,6 +305,7 @@ where
         };
         sweeper.abort();
         watcher.abort();
+        pending_gauges.abort();
         // Committing what was accepted matters more than a transport error.
         let closed = store.close().await;
         tracing::info!("store closed; bye");
@@ -291,6 +318,47 @@ where
         shutdown: shutdown_tx,
         task,
     })
+}
+
+/// How often the pending gauges are recomputed from the pending index.
+const PENDING_GAUGE_INTERVAL: Duration = Duration::from_secs(15);
+
+/// Most pending records read per tenant per refresh (the gauges saturate
+/// beyond it; ListPending shows the rest).
+const PENDING_GAUGE_MAX_RECORDS: usize = 10_000;
+
+/// Keeps `idemd_pending_records` and `idemd_pending_oldest_age_seconds`
+/// current for every tenant this replica knows (from the tokens file and
+/// from traffic).
+async fn refresh_pending_gauges(engine: Arc<Engine>, auth: Authenticator, labels: Arc<LabelGuard>) {
+    let mut ticker = tokio::time::interval(PENDING_GAUGE_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let mut tenants = auth.tenants();
+        tenants.extend(labels.tenants());
+        tenants.sort();
+        tenants.dedup();
+        for tenant in tenants
+            .into_iter()
+            .filter(|t| t != crate::metrics::OVERFLOW_VALUE)
+        {
+            match engine
+                .pending_summary(&tenant, PENDING_GAUGE_MAX_RECORDS)
+                .await
+            {
+                Ok(summary) => {
+                    for (state, count) in summary.counts {
+                        metrics::gauge!(crate::metrics::PENDING_RECORDS, "tenant" => tenant.clone(), "state" => state)
+                            .set(count as f64);
+                    }
+                    metrics::gauge!(crate::metrics::PENDING_OLDEST_AGE, "tenant" => tenant.clone())
+                        .set(summary.oldest_age.as_secs_f64());
+                }
+                Err(error) => tracing::warn!(%tenant, %error, "refreshing pending gauges failed"),
+            }
+        }
+    }
 }
 
 async fn sweep_forever(engine: Arc<Engine>, interval: Duration) {

@@ -13,8 +13,10 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::Authenticator;
 use crate::engine::{
-    ClaimInput, ClaimOutcome, Disposition, Engine, FingerprintInput, Lease, PendingInput, Verdict,
+    ClaimInput, ClaimOutcome, Disposition, Engine, EngineError, FingerprintInput, Lease,
+    PendingInput, PreconditionReason, Verdict, validate,
 };
+use crate::metrics::{self as names, LabelGuard};
 use crate::proto::v1 as pb;
 use crate::store::{Record, RecordState, StoredResponse};
 
@@ -25,12 +27,21 @@ pub struct IdempotencyService {
     engine: Arc<Engine>,
     /// Resolves the tenant of each call.
     auth: Authenticator,
+    /// Caps the tenant/endpoint label values of the metrics.
+    labels: Arc<LabelGuard>,
 }
+
+/// Tenant label of calls that could not be authenticated.
+const UNAUTHENTICATED_TENANT: &str = "_unauthenticated";
 
 impl IdempotencyService {
     /// A service over `engine`, authenticating with `auth`.
-    pub fn new(engine: Arc<Engine>, auth: Authenticator) -> Self {
-        Self { engine, auth }
+    pub fn new(engine: Arc<Engine>, auth: Authenticator, labels: Arc<LabelGuard>) -> Self {
+        Self {
+            engine,
+            auth,
+            labels,
+        }
     }
 
     fn tenant<T>(&self, request: &Request<T>) -> Result<String, Status> {
@@ -39,6 +50,42 @@ impl IdempotencyService {
             .map(|tenant| tenant.0)
             .map_err(status::auth_status)
     }
+
+    /// Metric labels for a call; malformed endpoints share one value.
+    fn labels(&self, tenant: &str, endpoint: &str) -> (String, String) {
+        let endpoint = if validate::endpoint(endpoint).is_ok() {
+            endpoint
+        } else {
+            "_invalid"
+        };
+        self.labels.labels(tenant, endpoint)
+    }
+
+    fn count_claim(&self, tenant: &str, endpoint: &str, outcome: &'static str) {
+        let (tenant, endpoint) = self.labels(tenant, endpoint);
+        metrics::counter!(names::CLAIMS, "tenant" => tenant, "endpoint" => endpoint, "outcome" => outcome)
+            .increment(1);
+    }
+
+    fn count_lease_lost(&self, tenant: &str, endpoint: &str, error: &EngineError) {
+        if let EngineError::FailedPrecondition {
+            reason: PreconditionReason::LeaseLost,
+            ..
+        } = error
+        {
+            let (tenant, endpoint) = self.labels(tenant, endpoint);
+            metrics::counter!(names::LEASE_LOST, "tenant" => tenant, "endpoint" => endpoint)
+                .increment(1);
+        }
+    }
+}
+
+/// Whether an error means the caller's request was refused as invalid.
+fn is_rejection(error: &EngineError) -> bool {
+    matches!(
+        error,
+        EngineError::InvalidArgument { .. } | EngineError::TooLarge { .. }
+    )
 }
 
 /// Signed milliseconds of a protobuf duration, `None` when absent. Positive
@@ -197,8 +244,19 @@ impl pb::idempotency_server::Idempotency for IdempotencyService {
         &self,
         request: Request<pb::ClaimRequest>,
     ) -> Result<Response<pb::ClaimResponse>, Status> {
-        let tenant = self.tenant(&request)?;
+        let tenant = match self.tenant(&request) {
+            Ok(tenant) => tenant,
+            Err(status) => {
+                self.count_claim(
+                    UNAUTHENTICATED_TENANT,
+                    &request.get_ref().endpoint,
+                    "rejected",
+                );
+                return Err(status);
+            }
+        };
         let request = request.into_inner();
+        let endpoint = request.endpoint.clone();
         let fingerprint = match request.fingerprint {
             Some(pb::claim_request::Fingerprint::Request(http)) => FingerprintInput::Request {
                 method: http.method,
@@ -221,11 +279,16 @@ impl pb::idempotency_server::Idempotency for IdempotencyService {
             wait_ms: duration_ms(request.wait.as_ref()),
             attempt_id: request.attempt_id,
         };
-        let result = self
-            .engine
-            .claim(&tenant, input)
-            .await
-            .map_err(status::engine_status)?;
+        let result = match self.engine.claim(&tenant, input).await {
+            Ok(result) => result,
+            Err(error) => {
+                if is_rejection(&error) {
+                    self.count_claim(&tenant, &endpoint, "rejected");
+                }
+                return Err(status::engine_status(error));
+            }
+        };
+        self.count_claim(&tenant, &endpoint, result.outcome.as_str());
         Ok(Response::new(claim_response(
             result.outcome,
             result.fingerprint,
@@ -241,6 +304,8 @@ impl pb::idempotency_server::Idempotency for IdempotencyService {
         if request.response.is_none() {
             return Err(status::invalid_field("response", "is required"));
         }
+        let response = response_from_pb(request.response);
+        let size = response.stored_size();
         let expires_at_ms = self
             .engine
             .complete(
@@ -248,10 +313,17 @@ impl pb::idempotency_server::Idempotency for IdempotencyService {
                 &request.endpoint,
                 &request.key,
                 &request.lease_token,
-                response_from_pb(request.response),
+                response,
             )
             .await
-            .map_err(status::engine_status)?;
+            .map_err(|error| {
+                self.count_lease_lost(&tenant, &request.endpoint, &error);
+                status::engine_status(error)
+            })?;
+        let (tenant_label, endpoint_label) = self.labels(&tenant, &request.endpoint);
+        metrics::counter!(names::COMPLETIONS, "tenant" => tenant_label, "endpoint" => endpoint_label)
+            .increment(1);
+        metrics::histogram!(names::STORED_RESPONSE_BYTES).record(size as f64);
         Ok(Response::new(pb::CompleteResponse {
             expires_at: Some(timestamp(expires_at_ms)),
         }))
@@ -279,7 +351,18 @@ impl pb::idempotency_server::Idempotency for IdempotencyService {
                 &request.reason,
             )
             .await
-            .map_err(status::engine_status)?;
+            .map_err(|error| {
+                self.count_lease_lost(&tenant, &request.endpoint, &error);
+                status::engine_status(error)
+            })?;
+        let disposition = match disposition {
+            Some(Disposition::Release) => "release",
+            Some(Disposition::Unknown) => "unknown",
+            Some(Disposition::Failed) | None => "failed",
+        };
+        let (tenant_label, endpoint_label) = self.labels(&tenant, &request.endpoint);
+        metrics::counter!(names::FAILURES, "tenant" => tenant_label, "endpoint" => endpoint_label, "disposition" => disposition)
+            .increment(1);
         Ok(Response::new(pb::FailResponse {}))
     }
 
@@ -299,7 +382,10 @@ impl pb::idempotency_server::Idempotency for IdempotencyService {
                 duration_ms(request.lease.as_ref()),
             )
             .await
-            .map_err(status::engine_status)?;
+            .map_err(|error| {
+                self.count_lease_lost(&tenant, &request.endpoint, &error);
+                status::engine_status(error)
+            })?;
         Ok(Response::new(pb::ExtendLeaseResponse {
             lease_expires_at: Some(timestamp(lease_expires_at_ms)),
         }))
@@ -372,11 +458,15 @@ impl pb::idempotency_server::Idempotency for IdempotencyService {
                 lease_ms: duration_ms(takeover.lease.as_ref()),
             },
         });
+        let verdict_name = verdict.as_ref().map_or("none", Verdict::as_str);
         let result = self
             .engine
             .reconcile(&tenant, &request.endpoint, &request.key, verdict)
             .await
             .map_err(status::engine_status)?;
+        let (tenant_label, endpoint_label) = self.labels(&tenant, &request.endpoint);
+        metrics::counter!(names::RECONCILIATIONS, "tenant" => tenant_label, "endpoint" => endpoint_label, "verdict" => verdict_name)
+            .increment(1);
         Ok(Response::new(pb::ReconcileResponse {
             record: result.record.as_ref().map(|r| record_to_pb(r, true)),
             takeover: result.takeover.as_ref().map(lease_to_pb),

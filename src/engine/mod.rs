@@ -230,6 +230,15 @@ pub struct PendingInput {
     pub page_token: Option<Vec<u8>>,
 }
 
+/// Records that need a decision, for the pending gauges.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingSummary {
+    /// Count per state name (in_progress past lease, unknown, failed).
+    pub counts: Vec<(&'static str, usize)>,
+    /// How long the oldest has needed a decision.
+    pub oldest_age: Duration,
+}
+
 /// The engine. One per process, shared by every RPC.
 pub struct Engine {
     /// Where records live.
@@ -911,6 +920,53 @@ impl Engine {
             }
         }
         Err(contention())
+    }
+
+    /// Counts the tenant's records that need a decision, by state, and the
+    /// age of the oldest, reading at most `max_records` from the index.
+    pub async fn pending_summary(
+        &self,
+        tenant: &str,
+        max_records: usize,
+    ) -> EngineResult<PendingSummary> {
+        let now = self.now();
+        let mut summary = PendingSummary {
+            counts: vec![("in_progress", 0), ("unknown", 0), ("failed", 0)],
+            oldest_age: Duration::ZERO,
+        };
+        let mut token = None;
+        let mut seen = 0;
+        let mut oldest: Option<i64> = None;
+        loop {
+            let query = PendingQuery {
+                tenant: tenant.to_string(),
+                endpoint: None,
+                created_at_or_before_ms: None,
+                page_size: MAX_PAGE_SIZE,
+                page_token: token,
+            };
+            let page = self.store.list_pending(&query, now).await?;
+            for record in &page.records {
+                if let Some(entry) = summary
+                    .counts
+                    .iter_mut()
+                    .find(|(s, _)| *s == record.state.as_str())
+                {
+                    entry.1 += 1;
+                }
+                let since = record.pending_since_ms().unwrap_or(now);
+                oldest = Some(oldest.map_or(since, |o| o.min(since)));
+            }
+            seen += page.records.len();
+            token = page.next_page_token;
+            if token.is_none() || seen >= max_records {
+                break;
+            }
+        }
+        if let Some(oldest) = oldest {
+            summary.oldest_age = Duration::from_millis((now - oldest).max(0).unsigned_abs());
+        }
+        Ok(summary)
     }
 
     /// Removes expired records in batches until fewer than `batch` remain

@@ -20,6 +20,7 @@
 
 pub mod cql;
 pub mod embedded;
+pub mod instrumented;
 
 use async_trait::async_trait;
 

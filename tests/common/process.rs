@@ -28,6 +28,9 @@ pub fn idemd_command(data_dir: &std::path::Path, extra: &[&str]) -> Command {
         ])
         .arg(data_dir)
         .args(extra)
+        // No metrics port unless a test asks for one (`--metrics-listen`
+        // overrides the variable): tests run in parallel.
+        .env("IDEMD_METRICS_LISTEN", "off")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());

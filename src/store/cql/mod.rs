@@ -528,6 +528,7 @@ impl CqlStore {
     /// SERIAL read after an uncertain write, retried a few times.
     async fn resolve_read(&self, id: &RecordKey, why: &str) -> StoreResult<Option<Record>> {
         self.stats.uncertain_writes.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(crate::metrics::STORE_UNCERTAIN, "backend" => "cql").increment(1);
         let mut last_error = String::new();
         for attempt in 0..RESOLVE_ATTEMPTS {
             if attempt > 0 {

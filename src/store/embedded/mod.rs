@@ -428,6 +428,8 @@ fn apply_batch(database: &Database, batch: &mut Vec<WriteOp>) -> bool {
         txn.commit().map_err(|e| {
             // A failed commit may have reached the disk partially (an fsync
             // error is the classic case): the outcome is not known.
+            metrics::counter!(crate::metrics::STORE_UNCERTAIN, "backend" => "embedded")
+                .increment(1);
             StoreError::Uncertain(format!("commit failed: {e}"))
         })
     })();
