@@ -8,7 +8,7 @@ TARGET_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target))
 IDEMD_BIN ?= $(TARGET_DIR)/debug/idemd
 SDKS := python go typescript java
 
-.PHONY: all build release test fmt-check clippy cargo-test cql-test sdk-test $(addprefix sdk-,$(SDKS)) run clean
+.PHONY: all build release test fmt-check clippy cargo-test cql-test observability-test sdk-test $(addprefix sdk-,$(SDKS)) run clean
 
 all: build
 
@@ -19,7 +19,7 @@ release:
 	$(CARGO) build --release
 
 ## test: everything CI checks, from a fresh machine.
-test: fmt-check clippy cargo-test cql-test sdk-test
+test: fmt-check clippy cargo-test cql-test observability-test sdk-test
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -36,6 +36,12 @@ cargo-test:
 cql-test:
 	scripts/with-cassandra.sh -- $(CARGO) test --features cql-tests \
 		--test store_cql --test grpc_cql --test cql_cluster
+
+## observability-test: promtool check/test of deploy/prometheus (installs
+## Debian's prometheus package), then a real Prometheus scraping a real idemd.
+observability-test:
+	deploy/prometheus/test.sh
+	$(CARGO) test --features prometheus-tests --test prometheus_e2e
 
 ## sdk-test: the four client SDKs against a live idemd (shared conformance suite).
 sdk-test: $(addprefix sdk-,$(SDKS))

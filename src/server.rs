@@ -186,6 +186,13 @@ pub async fn start_with_store<F>(
 where
     F: std::future::Future<Output = Result<Arc<dyn Store>, ServerError>> + Send + 'static,
 {
+    if let Some(address) = settings.metrics_listen {
+        // Metrics are secondary to serving: a busy metrics port is logged
+        // loudly, not fatal.
+        if let Err(error) = crate::metrics::install_exporter(address) {
+            tracing::error!(%address, %error, "metrics exporter not started");
+        }
+    }
     let listener =
         TcpListener::bind(settings.listen)
             .await

@@ -232,6 +232,7 @@ async fn prometheus_sees_exact_claim_outcomes() {
         ("in_progress", 2.0),
         ("mismatch", 2.0),
         ("pending", 1.0),
+        ("rejected", 2.0),
         ("replayed", 3.0),
     ]
     .iter()
