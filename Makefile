@@ -8,7 +8,7 @@ TARGET_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target))
 IDEMD_BIN ?= $(TARGET_DIR)/debug/idemd
 SDKS := python go typescript java
 
-.PHONY: all build release test fmt-check clippy cargo-test cql-test observability-test sdk-test $(addprefix sdk-,$(SDKS)) run clean
+.PHONY: all build release test fmt-check clippy cargo-test cql-test observability-test helm-test sdk-test $(addprefix sdk-,$(SDKS)) run clean
 
 all: build
 
@@ -19,7 +19,7 @@ release:
 	$(CARGO) build --release
 
 ## test: everything CI checks, from a fresh machine.
-test: fmt-check clippy cargo-test cql-test observability-test sdk-test
+test: fmt-check clippy cargo-test cql-test observability-test helm-test sdk-test
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -42,6 +42,11 @@ cql-test:
 observability-test:
 	deploy/prometheus/test.sh
 	$(CARGO) test --features prometheus-tests --test prometheus_e2e
+
+## helm-test: Dockerfile lint, helm lint/template of every scenario and every
+## example in docs/deploy.md, strict validation against the Kubernetes types.
+helm-test:
+	helm/test.sh
 
 ## sdk-test: the four client SDKs against a live idemd (shared conformance suite).
 sdk-test: $(addprefix sdk-,$(SDKS))
