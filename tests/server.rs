@@ -201,12 +201,16 @@ async fn health_of(addr: std::net::SocketAddr, service: &str) -> ServingStatus {
     ServingStatus::try_from(response.status).expect("known status")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn health_is_serving_once_started_and_not_serving_while_draining() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let settings = test_settings(dir.path());
-    let data_dir = dir.path().to_path_buf();
-    // A store that takes its time to open, like a remote cluster would.
+/// Starts a server whose store opens only when the returned sender says so,
+/// like a remote cluster that takes its time.
+fn start_with_slow_store(
+    settings: idemd::config::Settings,
+    data_dir: &std::path::Path,
+) -> (
+    std::sync::mpsc::Sender<()>,
+    tokio::task::JoinHandle<Result<idemd::server::RunningServer, idemd::server::ServerError>>,
+) {
+    let data_dir = data_dir.to_path_buf();
     let (release, opened) = std::sync::mpsc::channel::<()>();
     let server_task = tokio::spawn(async move {
         let clock: Arc<dyn idemd::clock::Clock> = Arc::new(idemd::clock::SystemClock);
@@ -222,6 +226,14 @@ async fn health_is_serving_once_started_and_not_serving_while_draining() {
         })
         .await
     });
+    (release, server_task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_serving_once_started_and_not_serving_while_draining() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let settings = test_settings(dir.path());
+    let (release, server_task) = start_with_slow_store(settings, dir.path());
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!server_task.is_finished(), "start waits for the store");
     release.send(()).expect("release");
@@ -278,22 +290,7 @@ async fn health_reports_not_serving_before_the_store_opens() {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut settings = test_settings(dir.path());
     settings.listen = format!("127.0.0.1:{port}").parse().expect("addr");
-    let data_dir = dir.path().to_path_buf();
-    let (release, opened) = std::sync::mpsc::channel::<()>();
-    let server_task = tokio::spawn(async move {
-        let clock: Arc<dyn idemd::clock::Clock> = Arc::new(idemd::clock::SystemClock);
-        idemd::server::start_with_store(settings, clock, async move {
-            tokio::task::spawn_blocking(move || {
-                let _ = opened.recv_timeout(Duration::from_secs(10));
-                let store: Arc<dyn Store> =
-                    Arc::new(EmbeddedStore::open(&EmbeddedOptions::new(&data_dir))?);
-                Ok(store)
-            })
-            .await
-            .expect("join")
-        })
-        .await
-    });
+    let (release, server_task) = start_with_slow_store(settings, dir.path());
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
     let mut status = None;
     for _ in 0..50 {
