@@ -289,11 +289,14 @@ where
     );
 
     let sweeper = tokio::spawn(sweep_forever(Arc::clone(&engine), settings.sweep_interval));
-    let pending_gauges = tokio::spawn(refresh_pending_gauges(
-        Arc::clone(&engine),
-        auth.clone(),
-        labels,
-    ));
+    // The pending gauges cost store reads: only when metrics are exported.
+    let pending_gauges = settings.metrics_listen.map(|_| {
+        tokio::spawn(refresh_pending_gauges(
+            Arc::clone(&engine),
+            auth.clone(),
+            labels,
+        ))
+    });
     let watcher = tokio::spawn(auth.watch(TOKENS_POLL));
     let drain_timeout = settings.drain_timeout;
     let task = tokio::spawn(async move {
@@ -312,7 +315,9 @@ where
         };
         sweeper.abort();
         watcher.abort();
-        pending_gauges.abort();
+        if let Some(task) = pending_gauges {
+            task.abort();
+        }
         // Committing what was accepted matters more than a transport error.
         let closed = store.close().await;
         tracing::info!("store closed; bye");
