@@ -56,11 +56,6 @@ impl Waiters {
             notify.notify_waiters();
         }
     }
-
-    /// Number of keys with waiters (for tests and metrics).
-    pub fn keys_waiting(&self) -> usize {
-        self.by_key.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
 }
 
 impl Drop for WaitRegistration<'_> {

@@ -448,7 +448,7 @@ fn key_values(id: &RecordKey) -> Values {
 /// The record columns in `RECORD_COLUMNS` order.
 fn record_values(record: &Record) -> Values {
     vec![
-        text_value(rows::state_text(record.state)),
+        text_value(record.state.as_str()),
         Some(CqlValue::Blob(record.fingerprint.clone())),
         Some(CqlValue::Int(attempt_value(record))),
         text_value(&record.lease_token),
@@ -745,7 +745,7 @@ impl Store for CqlStore {
             record_values(record),
             key_values(id),
             vec![
-                text_value(rows::state_text(expected.state)),
+                text_value(expected.state.as_str()),
                 text_value(&expected.lease_token),
                 Some(CqlValue::BigInt(now_ms)),
             ],
@@ -788,7 +788,7 @@ impl Store for CqlStore {
             &id.tenant,
             &id.endpoint,
             &id.key,
-            rows::state_text(expected.state),
+            expected.state.as_str(),
             &expected.lease_token,
             now_ms,
         );

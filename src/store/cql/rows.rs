@@ -91,11 +91,6 @@ fn type_error(name: &str, value: &CqlValue) -> StoreError {
     StoreError::Corrupt(format!("column {name} has unexpected type: {value:?}"))
 }
 
-/// Stable text of a state in the `state` column.
-pub fn state_text(state: RecordState) -> &'static str {
-    state.as_str()
-}
-
 fn state_from_text(value: &str) -> Result<RecordState, StoreError> {
     Ok(match value {
         "in_progress" => RecordState::InProgress,
