@@ -285,8 +285,7 @@ async fn concurrent_migrations_apply_each_migration_once() {
         InsertOutcome::Inserted
     );
     let session = idemd::store::cql::connect(&options).await.expect("connect");
-    session
-        .query_unpaged(format!("DROP KEYSPACE {keyspace}"), ())
+    idemd::store::cql::migrate::execute_ddl(&session, format!("DROP KEYSPACE {keyspace}"))
         .await
         .expect("drop test keyspace");
 }

@@ -47,6 +47,25 @@ pub const MIGRATIONS: &[Migration] = &[Migration {
 /// owner died) and may be taken over.
 pub const STALE_CLAIM: Duration = Duration::from_secs(300);
 
+/// Client-side timeout for schema statements. Schema changes are applied
+/// on every node and flushed to disk before the coordinator answers, which
+/// takes seconds on a busy or freshly started node: the store's request
+/// timeout (sized for single-partition LWTs) would report a change as
+/// failed while it is still being applied. Every DDL statement is
+/// idempotent, so a rerun after a genuine timeout is safe.
+pub const DDL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Runs one schema statement with [`DDL_TIMEOUT`].
+pub async fn execute_ddl(session: &Session, cql: impl Into<String>) -> Result<(), String> {
+    let mut statement = scylla::statement::unprepared::Statement::new(cql.into());
+    statement.set_request_timeout(Some(DDL_TIMEOUT));
+    session
+        .query_unpaged(statement, ())
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
 /// What `idemd migrate` did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct MigrationReport {
@@ -119,21 +138,22 @@ pub async fn run(
     let session = connect(options).await?;
     let keyspace = &options.keyspace;
     let features = supported_features(&session).await;
-    session
-        .query_unpaged(create_keyspace_cql(keyspace, replication, &features), ())
-        .await
-        .map_err(|e| unavailable("create keyspace", e))?;
-    session
-        .query_unpaged(
-            format!(
-                "CREATE TABLE IF NOT EXISTS {keyspace}.schema_migrations (\
-                 version int PRIMARY KEY, name text, state text, owner text, \
-                 claimed_at bigint, applied_at bigint)"
-            ),
-            (),
-        )
-        .await
-        .map_err(|e| unavailable("create schema_migrations", e))?;
+    execute_ddl(
+        &session,
+        create_keyspace_cql(keyspace, replication, &features),
+    )
+    .await
+    .map_err(|e| unavailable("create keyspace", e))?;
+    execute_ddl(
+        &session,
+        format!(
+            "CREATE TABLE IF NOT EXISTS {keyspace}.schema_migrations (\
+             version int PRIMARY KEY, name text, state text, owner text, \
+             claimed_at bigint, applied_at bigint)"
+        ),
+    )
+    .await
+    .map_err(|e| unavailable("create schema_migrations", e))?;
     session
         .await_schema_agreement()
         .await
@@ -247,8 +267,7 @@ pub async fn run(
             continue;
         }
         for statement in statements(migration.cql, keyspace) {
-            session
-                .query_unpaged(statement, ())
+            execute_ddl(&session, statement)
                 .await
                 .map_err(|e| unavailable(&format!("migration {}", migration.version), e))?;
         }
