@@ -18,6 +18,7 @@
 //! max_response_bytes = 262144   # cap on a stored response
 //! ignore_fields = []            # JSON Pointers dropped before fingerprinting
 //! on_expired_lease = "reconcile" # or "takeover"
+//! audit = false                 # append every transition to the audit log
 //!
 //! [endpoints."POST /v1/payments"] # overrides, inheriting from [defaults]
 //! ttl = "72h"
@@ -71,6 +72,41 @@ pub enum Command {
     Serve(ServeArgs),
     /// Create the CQL keyspace and apply pending schema migrations.
     Migrate(MigrateArgs),
+    /// Print audit events from a running server: one key's history
+    /// (`--endpoint E --key K`) or the tenant's timeline (`--since 1h`).
+    Audit(AuditArgs),
+}
+
+/// Flags of `idemd audit`. It is a gRPC client of a running server (the
+/// embedded store has one owner, and the tenant must come from credentials
+/// like any other call).
+#[derive(Debug, Clone, Args)]
+pub struct AuditArgs {
+    /// The server.
+    #[arg(long, env = "IDEMD_TARGET", default_value = "http://127.0.0.1:50051")]
+    pub target: String,
+    /// Bearer token (the tenant is the token's).
+    #[arg(long, env = "IDEMD_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Tenant, for servers running with auth off (`x-tenant-id`).
+    #[arg(long, env = "IDEMD_TENANT")]
+    pub tenant: Option<String>,
+    /// Only this endpoint (required with `--key`).
+    #[arg(long)]
+    pub endpoint: Option<String>,
+    /// One key's history.
+    #[arg(long)]
+    pub key: Option<String>,
+    /// Only events since: a duration ago (`1h`, `7d`) or an RFC 3339
+    /// instant (`2026-12-01T00:00:00Z`).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Stop after this many events.
+    #[arg(long, default_value_t = 1000)]
+    pub limit: usize,
+    /// One JSON object per line instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Which backend holds the records.
@@ -231,6 +267,10 @@ pub struct ServeArgs {
     /// Distinct endpoint label values in metrics before `_other`.
     #[arg(long, env = "IDEMD_METRICS_MAX_ENDPOINTS", default_value_t = 100)]
     pub metrics_max_endpoints: usize,
+    /// How long audit events are kept (endpoints with `audit = true`),
+    /// independently of the keys' ttl.
+    #[arg(long, env = "IDEMD_AUDIT_RETENTION", default_value = "30d", value_parser = humantime::parse_duration)]
+    pub audit_retention: Duration,
 }
 
 /// A configuration problem, naming the field.
@@ -288,6 +328,8 @@ pub struct Settings {
     pub metrics_listen: Option<SocketAddr>,
     /// Label cardinality caps (tenants, endpoints).
     pub metrics_label_caps: (usize, usize),
+    /// How long audit events are kept.
+    pub audit_retention: Duration,
 }
 
 impl Settings {
@@ -306,6 +348,7 @@ impl Settings {
             policies: PolicySet::default(),
             metrics_listen: None,
             metrics_label_caps: (100, 100),
+            audit_retention: crate::audit::DEFAULT_RETENTION,
         }
     }
 
@@ -344,6 +387,7 @@ impl Settings {
                 })?),
             },
             metrics_label_caps: (args.metrics_max_tenants, args.metrics_max_endpoints),
+            audit_retention: args.audit_retention,
         };
         settings.validate()?;
         Ok(settings)
@@ -356,6 +400,9 @@ impl Settings {
                 "sweep_interval",
                 "must be greater than zero",
             ));
+        }
+        if self.audit_retention < Duration::from_secs(1) {
+            return Err(ConfigError::new("audit_retention", "must be at least 1s"));
         }
         validate_policy("defaults", &self.policies.default)?;
         for (endpoint, policy) in &self.policies.endpoints {
@@ -429,6 +476,7 @@ struct PolicyFile {
     max_response_bytes: Option<usize>,
     ignore_fields: Option<Vec<String>>,
     on_expired_lease: Option<ExpiredLeasePolicy>,
+    audit: Option<bool>,
 }
 
 impl PolicyFile {
@@ -444,6 +492,7 @@ impl PolicyFile {
                 .clone()
                 .unwrap_or_else(|| base.ignore_fields.clone()),
             on_expired_lease: self.on_expired_lease.unwrap_or(base.on_expired_lease),
+            audit: self.audit.unwrap_or(base.audit),
         }
     }
 }

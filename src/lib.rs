@@ -24,14 +24,21 @@
 //! * [`fingerprint`]: fingerprint v1, the canonical request digest.
 //! * [`store`]: the [`store::Store`] trait (the only seam between the engine
 //!   and storage) and its backends, one module each.
+//! * [`audit`]: the append-only audit log of audited endpoints' transitions
+//!   ([`audit::AuditLog`]), its own storage with its own retention, one
+//!   module per backend.
 //! * [`metrics`]: every Prometheus metric name and help text, the label
 //!   cardinality guard and the `/metrics` exporter.
+//! * [`cli`]: subcommands that are clients of a running server
+//!   (`idemd audit`).
 //! * [`clock`]: the time source, injectable so leases and TTLs are testable
 //!   without sleeping.
 //! * [`proto`]: the generated protobuf and gRPC code.
 
 pub mod api;
+pub mod audit;
 pub mod auth;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod engine;

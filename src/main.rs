@@ -95,6 +95,19 @@ fn main() -> ExitCode {
     let args = match cli.command {
         Some(Command::Serve(args)) => args,
         Some(Command::Migrate(args)) => return migrate(&args),
+        Some(Command::Audit(args)) => {
+            let runtime = match runtime() {
+                Ok(runtime) => runtime,
+                Err(code) => return code,
+            };
+            return match runtime.block_on(idemd::cli::audit(&args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("idemd audit: {error}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         None => cli.serve,
     };
     let settings = match Settings::from_args(&args) {

@@ -45,6 +45,8 @@ pub const PENDING_OLDEST_AGE: &str = "idemd_pending_oldest_age_seconds";
 pub const STORED_RESPONSE_BYTES: &str = "idemd_stored_response_bytes";
 /// Build information (value 1).
 pub const BUILD_INFO: &str = "idemd_build_info";
+/// Audit appends that failed (the transition itself succeeded), by backend.
+pub const AUDIT_WRITE_ERRORS: &str = "idemd_audit_write_errors_total";
 /// Label values replaced by `_other` because of the cardinality cap.
 pub const LABEL_OVERFLOW: &str = "idemd_metric_label_overflow_total";
 
@@ -94,6 +96,10 @@ pub fn describe() {
         "Store operation latency."
     );
     describe_counter!(STORE_ERRORS, "Store operations that failed.");
+    describe_counter!(
+        AUDIT_WRITE_ERRORS,
+        "Audit log appends that failed; the transitions they describe are durable but missing from the audit log."
+    );
     describe_counter!(
         STORE_UNCERTAIN,
         "Store writes whose outcome was uncertain (resolved by a read, or reported)."

@@ -21,6 +21,9 @@ use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
 
 use crate::api::IdempotencyService;
+use crate::audit::AuditLog;
+use crate::audit::cql::CqlAuditLog;
+use crate::audit::embedded::EmbeddedAuditLog;
 use crate::auth::Authenticator;
 use crate::clock::SharedClock;
 use crate::config::{Settings, StoreSettings};
@@ -91,14 +94,14 @@ impl EngineSlot {
 /// call's latency and status code (`idemd_rpc_duration_seconds`): the one
 /// place every RPC passes through.
 macro_rules! delegate {
-    ($($method:ident($request:ty) -> $response:ty, $name:literal;)*) => {
+    ($service:path { $($method:ident($request:ty) -> $response:ty, $name:literal;)* }) => {
         #[tonic::async_trait]
-        impl pb::idempotency_server::Idempotency for EngineSlot {
+        impl $service for EngineSlot {
             $(
                 async fn $method(&self, request: Request<$request>) -> Result<Response<$response>, Status> {
                     let started = std::time::Instant::now();
                     let result = match self.get() {
-                        Ok(service) => pb::idempotency_server::Idempotency::$method(service, request).await,
+                        Ok(service) => <IdempotencyService as $service>::$method(service, request).await,
                         Err(status) => Err(status),
                     };
                     let code = result.as_ref().map_or_else(|status| status.code(), |_| tonic::Code::Ok);
@@ -116,13 +119,21 @@ macro_rules! delegate {
 }
 
 delegate! {
-    claim(pb::ClaimRequest) -> pb::ClaimResponse, "Claim";
-    complete(pb::CompleteRequest) -> pb::CompleteResponse, "Complete";
-    fail(pb::FailRequest) -> pb::FailResponse, "Fail";
-    extend_lease(pb::ExtendLeaseRequest) -> pb::ExtendLeaseResponse, "ExtendLease";
-    lookup(pb::LookupRequest) -> pb::LookupResponse, "Lookup";
-    list_pending(pb::ListPendingRequest) -> pb::ListPendingResponse, "ListPending";
-    reconcile(pb::ReconcileRequest) -> pb::ReconcileResponse, "Reconcile";
+    pb::idempotency_server::Idempotency {
+        claim(pb::ClaimRequest) -> pb::ClaimResponse, "Claim";
+        complete(pb::CompleteRequest) -> pb::CompleteResponse, "Complete";
+        fail(pb::FailRequest) -> pb::FailResponse, "Fail";
+        extend_lease(pb::ExtendLeaseRequest) -> pb::ExtendLeaseResponse, "ExtendLease";
+        lookup(pb::LookupRequest) -> pb::LookupResponse, "Lookup";
+        list_pending(pb::ListPendingRequest) -> pb::ListPendingResponse, "ListPending";
+        reconcile(pb::ReconcileRequest) -> pb::ReconcileResponse, "Reconcile";
+    }
+}
+
+delegate! {
+    pb::audit_server::Audit {
+        list_audit_events(pb::ListAuditEventsRequest) -> pb::ListAuditEventsResponse, "ListAuditEvents";
+    }
 }
 
 /// A server that is running.
@@ -167,6 +178,28 @@ pub async fn open_store(settings: &Settings) -> Result<Arc<dyn Store>, ServerErr
         }
         StoreSettings::Cql(options) => Ok(Arc::new(CqlStore::open(options).await?)),
     }
+}
+
+/// Opens the audit log beside the store the settings name, when some
+/// endpoint is audited (otherwise there is nothing to write, and the
+/// embedded backend creates no file).
+pub async fn open_audit(settings: &Settings) -> Result<Option<Arc<dyn AuditLog>>, ServerError> {
+    if !settings.policies.any_audited() {
+        return Ok(None);
+    }
+    let retention = settings.audit_retention;
+    let audit: Arc<dyn AuditLog> = match &settings.store {
+        StoreSettings::Embedded => {
+            let data_dir = settings.data_dir.clone();
+            Arc::new(
+                tokio::task::spawn_blocking(move || EmbeddedAuditLog::open(&data_dir, retention))
+                    .await
+                    .map_err(|e| ServerError::Task(e.to_string()))??,
+            )
+        }
+        StoreSettings::Cql(options) => Arc::new(CqlAuditLog::open(options, retention).await?),
+    };
+    Ok(Some(audit))
 }
 
 /// Binds, opens the store the settings name and starts serving. Returns
@@ -232,6 +265,7 @@ where
     let idempotency = pb::idempotency_server::IdempotencyServer::new(slot.clone())
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let audit_service = pb::audit_server::AuditServer::new(slot.clone());
 
     let (shutdown_tx, mut shutdown_rx) = watch::channel(false);
     let mut drain_rx = shutdown_rx.clone();
@@ -244,6 +278,7 @@ where
         .add_service(health_service)
         .add_service(reflection)
         .add_service(idempotency)
+        .add_service(audit_service)
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
             let _ = shutdown_rx.wait_for(|stop| *stop).await;
             health_on_shutdown
@@ -263,12 +298,23 @@ where
             return Err(error);
         }
     };
-    let engine = Arc::new(Engine::new(
+    let audit = match open_audit(&settings).await {
+        Ok(audit) => audit,
+        Err(error) => {
+            serve_task.abort();
+            return Err(error);
+        }
+    };
+    let mut engine = Engine::new(
         Arc::clone(&store),
         clock,
         Arc::new(settings.policies.clone()),
         settings.cache_bytes,
-    ));
+    );
+    if let Some(audit) = &audit {
+        engine = engine.with_audit(Arc::clone(audit));
+    }
+    let engine = Arc::new(engine);
     let labels = Arc::new(LabelGuard::new(
         settings.metrics_label_caps.0,
         settings.metrics_label_caps.1,
@@ -320,9 +366,14 @@ where
         }
         // Committing what was accepted matters more than a transport error.
         let closed = store.close().await;
+        let audit_closed = match &audit {
+            Some(audit) => audit.close().await,
+            None => Ok(()),
+        };
         tracing::info!("store closed; bye");
         served.map_err(|e| ServerError::Task(e.to_string()))??;
         closed?;
+        audit_closed?;
         Ok(())
     });
     Ok(RunningServer {

@@ -224,6 +224,25 @@ async fn statement_timeouts_never_yield_two_winners() {
     );
 }
 
+/// Parses `idemd migrate`'s report line: (applied by this run, already applied).
+fn migration_report(stdout: &str) -> (Vec<i32>, Vec<i32>) {
+    let list = |marker: &str| -> Vec<i32> {
+        let start = stdout
+            .find(marker)
+            .unwrap_or_else(|| panic!("no '{marker}' in {stdout}"))
+            + marker.len();
+        let rest = &stdout[start..];
+        let inner = &rest[1..rest.find(']').expect("closing bracket")];
+        inner
+            .split(',')
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(|v| v.parse().expect("version"))
+            .collect()
+    };
+    (list("applied by this run: "), list("already applied: "))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_migrations_apply_each_migration_once() {
     let keyspace = format!("idemd_mig_{}", unique("x").replace('-', "_"));
@@ -244,27 +263,31 @@ async fn concurrent_migrations_apply_each_migration_once() {
     let first = run(keyspace.clone());
     let second = run(keyspace.clone());
     let outputs = [first.join().expect("join"), second.join().expect("join")];
-    let mut applied_by = 0;
+    // Every migration is applied by exactly one of the racing runs and
+    // reported as already applied by the other.
+    let all: Vec<i32> = idemd::store::cql::migrate::MIGRATIONS
+        .iter()
+        .map(|m| m.version)
+        .collect();
+    let mut applied = Vec::new();
     for output in &outputs {
-        let stdout = String::from_utf8_lossy(&output.stdout);
         assert!(
             output.status.success(),
             "migrate failed: {}",
             String::from_utf8_lossy(&output.stderr)
         );
-        if stdout.contains("applied by this run: [1]") {
-            applied_by += 1;
-        } else {
-            assert!(stdout.contains("already applied: [1]"), "{stdout}");
-        }
+        let (mine, theirs) = migration_report(&String::from_utf8_lossy(&output.stdout));
+        let mut union = [mine.clone(), theirs].concat();
+        union.sort_unstable();
+        assert_eq!(union, all, "each run accounts for every migration");
+        applied.extend(mine);
     }
-    assert_eq!(applied_by, 1, "exactly one run applied migration 1");
+    applied.sort_unstable();
+    assert_eq!(applied, all, "each migration applied exactly once");
     let third = run(keyspace.clone()).join().expect("join");
-    let stdout = String::from_utf8_lossy(&third.stdout);
-    assert!(
-        stdout.contains("applied by this run: []; already applied: [1]"),
-        "idempotent: {stdout}"
-    );
+    let (mine, theirs) = migration_report(&String::from_utf8_lossy(&third.stdout));
+    assert!(mine.is_empty(), "a rerun applies nothing: {mine:?}");
+    assert_eq!(theirs, all, "a rerun finds everything applied");
     // The migrated keyspace serves.
     let mut options = cql_support::options();
     options.keyspace = keyspace.clone();

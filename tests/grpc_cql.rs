@@ -12,7 +12,10 @@ use std::sync::Arc;
 async fn start() -> TestServer {
     let options = cql_support::migrated_options().await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let settings = test_settings(dir.path());
+    let mut settings = test_settings(dir.path());
+    // The audit log follows the store setting (the records come from the
+    // factory below).
+    settings.store = idemd::config::StoreSettings::Cql(options.clone());
     let factory: StoreFactory = Box::pin(async move {
         let store: Arc<dyn Store> = Arc::new(CqlStore::open(&options).await?);
         Ok(store)

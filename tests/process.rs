@@ -183,3 +183,110 @@ async fn sigterm_drains_and_exits_zero() {
     assert_eq!(status.code(), Some(0), "graceful exit");
     let _ = process.lines.try_iter().count();
 }
+
+/// `idemd audit` is a client of a running server: it prints one key's
+/// history (text or JSON lines) and never the raw key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_subcommand_prints_a_keys_history() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("idemd.toml");
+    std::fs::write(
+        &config,
+        format!("[endpoints.\"{PAYMENTS}\"]\naudit = true\n"),
+    )
+    .expect("write config");
+    let data = dir.path().join("data");
+    let config_arg = config.to_string_lossy().to_string();
+    let mut process = spawn(&data, &["--config", &config_arg]);
+    let mut client = connect(process.addr).await;
+    let key = "order-7731-secret-looking-key";
+    let lease = claimed(
+        &client
+            .claim(as_tenant("acme", claim(PAYMENTS, key, 5)))
+            .await
+            .expect("claim")
+            .into_inner(),
+    );
+    client
+        .complete(as_tenant(
+            "acme",
+            pb::CompleteRequest {
+                endpoint: PAYMENTS.into(),
+                key: key.into(),
+                lease_token: lease.lease_token,
+                response: Some(sample_response("aud")),
+            },
+        ))
+        .await
+        .expect("complete");
+    assert!(
+        data.join("audit.redb").exists(),
+        "audit file beside the records"
+    );
+    let target = format!("http://{}", process.addr);
+    let run = move |json: bool| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_idemd"));
+        command.args([
+            "audit",
+            "--target",
+            &target,
+            "--tenant",
+            "acme",
+            "--endpoint",
+            PAYMENTS,
+            "--key",
+            key,
+            "--since",
+            "1h",
+        ]);
+        if json {
+            command.arg("--json");
+        }
+        command.output().expect("run idemd audit")
+    };
+    let text = tokio::task::spawn_blocking(move || (run(false), run(true)))
+        .await
+        .expect("join");
+    let (text, json) = text;
+    assert!(
+        text.status.success(),
+        "{}",
+        String::from_utf8_lossy(&text.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&text.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert!(lines[0].contains("none -> claimed"), "{stdout}");
+    assert!(lines[1].contains("in_progress -> completed"), "{stdout}");
+    assert!(lines[1].contains("status=201"), "{stdout}");
+    assert!(!stdout.contains(key), "no raw key in the output");
+    let events: Vec<serde_json::Value> = String::from_utf8_lossy(&json.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[1]["to"], "completed");
+    assert_eq!(events[1]["endpoint"], PAYMENTS);
+    // Another tenant's view of the same key is empty.
+    let other = std::process::Command::new(env!("CARGO_BIN_EXE_idemd"))
+        .args([
+            "audit",
+            "--target",
+            &format!("http://{}", process.addr),
+            "--tenant",
+            "globex",
+            "--endpoint",
+            PAYMENTS,
+            "--key",
+            key,
+        ])
+        .output()
+        .expect("run");
+    assert!(other.status.success());
+    assert!(other.stdout.is_empty());
+    sigterm(&process);
+    let status = tokio::task::spawn_blocking(move || process.child.wait().expect("wait"))
+        .await
+        .expect("join");
+    assert_eq!(status.code(), Some(0));
+}

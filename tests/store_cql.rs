@@ -1,6 +1,7 @@
-//! The `Store` conformance suite on the CQL backend, against the real test
-//! cluster.
+//! The `Store` and `AuditLog` conformance suites on the CQL backend,
+//! against the real test cluster.
 
+mod audit_conformance;
 mod cql_support;
 mod store_conformance;
 
@@ -21,3 +22,16 @@ async fn make_store() -> StoreUnderTest {
 }
 
 store_conformance_suite!(make_store);
+
+async fn make_audit_log(retention: std::time::Duration) -> audit_conformance::LogUnderTest {
+    let options = cql_support::migrated_options().await;
+    let log = idemd::audit::cql::CqlAuditLog::open(&options, retention)
+        .await
+        .expect("open the audit tables (migration 2)");
+    audit_conformance::LogUnderTest {
+        log: Arc::new(log),
+        _guard: Box::new(()),
+    }
+}
+
+audit_conformance_suite!(make_audit_log);

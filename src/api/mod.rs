@@ -1,10 +1,11 @@
-//! The gRPC layer: `idemd.v1.Idempotency` handlers.
+//! The gRPC layer: `idemd.v1.Idempotency` and `idemd.v1.Audit` handlers.
 //!
 //! Each handler authenticates the caller (the tenant comes from credentials
 //! only), converts the protobuf request into an engine call, and converts the
 //! result back. Errors become statuses in [`status`] and nowhere else. This
 //! layer never sees a storage type beyond the engine's domain records.
 
+mod audit;
 pub mod status;
 
 use std::sync::Arc;

@@ -18,6 +18,8 @@ pub enum PreconditionReason {
     AlreadyCompleted,
     /// The record is FAILED or UNKNOWN: only Reconcile may decide it.
     NotInProgress,
+    /// The audit log was asked for while no endpoint is audited.
+    AuditDisabled,
 }
 
 impl PreconditionReason {
@@ -28,6 +30,7 @@ impl PreconditionReason {
             PreconditionReason::NotPending => "NOT_PENDING",
             PreconditionReason::AlreadyCompleted => "ALREADY_COMPLETED",
             PreconditionReason::NotInProgress => "NOT_IN_PROGRESS",
+            PreconditionReason::AuditDisabled => "AUDIT_DISABLED",
         }
     }
 }

@@ -27,10 +27,11 @@ pub mod validate;
 pub mod waiters;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::RngCore;
 
+use crate::audit::{AuditCursor, AuditEvent, AuditLog, AuditQuery};
 use crate::clock::SharedClock;
 use crate::fingerprint::{self, FingerprintError, RequestParts};
 use crate::store::{
@@ -251,6 +252,9 @@ pub struct Engine {
     waiters: Waiters,
     /// Completed records, for cheap replays.
     cache: CompletedCache,
+    /// Where transitions of audited endpoints are appended; `None` when no
+    /// endpoint is audited.
+    audit: Option<Arc<dyn AuditLog>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -306,6 +310,92 @@ impl Engine {
             policies,
             waiters: Waiters::default(),
             cache: CompletedCache::new(cache_bytes),
+            audit: None,
+        }
+    }
+
+    /// Appends the transitions of audited endpoints to `audit`.
+    #[must_use]
+    pub fn with_audit(mut self, audit: Arc<dyn AuditLog>) -> Self {
+        self.audit = Some(audit);
+        self
+    }
+
+    /// The audit log, when one is open.
+    pub fn audit(&self) -> Option<&Arc<dyn AuditLog>> {
+        self.audit.as_ref()
+    }
+
+    /// Emits the structured event of one transition (or replay) and, for
+    /// audited endpoints, appends it to the audit log. Never the raw key or
+    /// body. An audit append that fails is logged and counted, not returned:
+    /// the transition is already durable (see [`crate::audit`]).
+    async fn transition(&self, change: Transition<'_>) {
+        let Transition {
+            record,
+            from,
+            to,
+            replayed,
+            started,
+        } = change;
+        let latency_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let fingerprint_prefix = hex::encode(record.fingerprint.get(..6).unwrap_or_default());
+        let status = record.response.as_ref().map_or(0, |r| r.status);
+        // Replays are not transitions and can be most of the traffic: they
+        // are logged at debug level (and audited like transitions).
+        macro_rules! event {
+            ($level:ident) => {
+                tracing::$level!(
+                    tenant = %record.id.tenant,
+                    endpoint = %record.id.endpoint,
+                    key_hash = %key_hash(&record.id),
+                    fingerprint = %fingerprint_prefix,
+                    from,
+                    to,
+                    replayed,
+                    attempt = record.attempt,
+                    status,
+                    latency_us,
+                    "state transition"
+                )
+            };
+        }
+        if replayed {
+            event!(debug);
+        } else {
+            event!(info);
+        }
+        let Some(audit) = &self.audit else {
+            return;
+        };
+        if !self.policies.for_endpoint(&record.id.endpoint).audit {
+            return;
+        }
+        let event = AuditEvent {
+            tenant: record.id.tenant.clone(),
+            endpoint: record.id.endpoint.clone(),
+            key_sha256: crate::audit::key_sha256(&record.id.key),
+            at_ms: self.now(),
+            event_id: crate::audit::new_event_id(),
+            from_state: from.to_string(),
+            to_state: to.to_string(),
+            replayed,
+            attempt: record.attempt,
+            response_status: status,
+            fingerprint_prefix,
+            latency_us,
+        };
+        if let Err(error) = audit.append(std::slice::from_ref(&event)).await {
+            metrics::counter!(crate::metrics::AUDIT_WRITE_ERRORS, "backend" => audit.backend_name())
+                .increment(1);
+            tracing::error!(
+                tenant = %event.tenant,
+                endpoint = %event.endpoint,
+                key_hash = %key_hash(&record.id),
+                to,
+                %error,
+                "audit append failed; the transition itself is durable"
+            );
         }
     }
 
@@ -401,6 +491,7 @@ impl Engine {
 
     /// Claim: see the module docs and `proto/idemd/v1/idempotency.proto`.
     pub async fn claim(&self, tenant: &str, input: ClaimInput) -> EngineResult<ClaimResult> {
+        let started = Instant::now();
         let id = self.identity(tenant, &input.endpoint, &input.key)?;
         validate::attempt_id(&input.attempt_id)?;
         let policy = self.policies.for_endpoint(&input.endpoint);
@@ -439,6 +530,7 @@ impl Engine {
             ttl,
             attempt_id: input.attempt_id,
             policy,
+            started,
         };
         let outcome = if wait.is_zero() {
             self.claim_once(&request).await?
@@ -504,7 +596,13 @@ impl Engine {
                 let record = request.new_record(now, 1);
                 match self.store.insert_if_absent(&record, now).await? {
                     InsertOutcome::Inserted => {
-                        log_transition(&record, "none", "claimed");
+                        self.transition(Transition::new(
+                            &record,
+                            "none",
+                            "claimed",
+                            request.started,
+                        ))
+                        .await;
                         return Ok(ClaimOutcome::Claimed(lease_of(&record)));
                     }
                     InsertOutcome::Exists(winner) => {
@@ -514,7 +612,15 @@ impl Engine {
                 }
             };
             match self.decide_existing(request, &existing, now) {
-                Decision::Answer(outcome) => return Ok(outcome),
+                Decision::Answer(outcome) => {
+                    if let ClaimOutcome::Replayed { .. } = &outcome {
+                        let mut replay =
+                            Transition::new(&existing, "completed", "completed", request.started);
+                        replay.replayed = true;
+                        self.transition(replay).await;
+                    }
+                    return Ok(outcome);
+                }
                 Decision::TakeOver => {
                     let mut record = request.new_record(now, existing.attempt.saturating_add(1));
                     // The dedup window is the original one; a takeover never
@@ -529,7 +635,13 @@ impl Engine {
                         .await?
                     {
                         CasOutcome::Applied => {
-                            log_transition(&record, "in_progress(expired)", "taken_over");
+                            self.transition(Transition::new(
+                                &record,
+                                "in_progress",
+                                "taken_over",
+                                request.started,
+                            ))
+                            .await;
                             return Ok(ClaimOutcome::Claimed(lease_of(&record)));
                         }
                         CasOutcome::Conflict { current: latest } => current = latest,
@@ -609,6 +721,7 @@ impl Engine {
         lease_token: &str,
         response: StoredResponse,
     ) -> EngineResult<i64> {
+        let started = Instant::now();
         let id = self.identity(tenant, endpoint, key)?;
         validate::lease_token(lease_token)?;
         let policy = self.policies.for_endpoint(endpoint);
@@ -644,7 +757,13 @@ impl Engine {
                         .replace_if(&completed, &Expected::matching(&record), now)
                         .await?
                     {
-                        log_transition(&completed, "in_progress", "completed");
+                        self.transition(Transition::new(
+                            &completed,
+                            "in_progress",
+                            "completed",
+                            started,
+                        ))
+                        .await;
                         self.cache.insert(&completed);
                         self.waiters.wake(&id);
                         return Ok(completed.expires_at_ms);
@@ -665,6 +784,7 @@ impl Engine {
         disposition: Option<Disposition>,
         reason: &str,
     ) -> EngineResult<()> {
+        let started = Instant::now();
         let id = self.identity(tenant, endpoint, key)?;
         validate::lease_token(lease_token)?;
         validate::reason("reason", reason)?;
@@ -715,7 +835,8 @@ impl Engine {
             };
             if let CasOutcome::Applied = outcome {
                 let to = target.map_or("released", RecordState::as_str);
-                log_transition(&record, "in_progress", to);
+                self.transition(Transition::new(&record, "in_progress", to, started))
+                    .await;
                 self.waiters.wake(&id);
                 return Ok(());
             }
@@ -831,6 +952,7 @@ impl Engine {
         key: &str,
         verdict: Option<Verdict>,
     ) -> EngineResult<ReconcileResult> {
+        let started = Instant::now();
         let id = self.identity(tenant, endpoint, key)?;
         let Some(verdict) = verdict else {
             return Err(EngineError::invalid(
@@ -879,7 +1001,13 @@ impl Engine {
             match &verdict {
                 Verdict::Released => {
                     if let CasOutcome::Applied = self.store.delete_if(&id, &expected, now).await? {
-                        log_transition(&record, record.state.as_str(), "released");
+                        self.transition(Transition::new(
+                            &record,
+                            record.state.as_str(),
+                            "released",
+                            started,
+                        ))
+                        .await;
                         self.waiters.wake(&id);
                         return Ok(ReconcileResult {
                             record: None,
@@ -910,7 +1038,13 @@ impl Engine {
                 }
             }
             if let CasOutcome::Applied = self.store.replace_if(&updated, &expected, now).await? {
-                log_transition(&updated, record.state.as_str(), verdict.as_str());
+                self.transition(Transition::new(
+                    &updated,
+                    record.state.as_str(),
+                    verdict.as_str(),
+                    started,
+                ))
+                .await;
                 self.cache.insert(&updated);
                 self.waiters.wake(&id);
                 return Ok(ReconcileResult {
@@ -920,6 +1054,72 @@ impl Engine {
             }
         }
         Err(contention())
+    }
+
+    /// A page of the tenant's audit events: one key's history when `key` is
+    /// set, else the tenant's timeline (optionally one endpoint's), oldest
+    /// first, starting after `page_token` or at `since_ms`.
+    pub async fn audit_events(
+        &self,
+        tenant: &str,
+        query: AuditRequest,
+    ) -> EngineResult<(Vec<AuditEvent>, Option<String>)> {
+        let Some(audit) = &self.audit else {
+            return Err(EngineError::precondition(
+                PreconditionReason::AuditDisabled,
+                "no endpoint is audited (set `audit = true` in an endpoint policy)",
+            ));
+        };
+        validate::tenant("tenant", tenant)?;
+        let endpoint = if query.endpoint.is_empty() {
+            None
+        } else {
+            validate::endpoint(&query.endpoint)?;
+            Some(query.endpoint)
+        };
+        let key_sha256 = if query.key.is_empty() {
+            None
+        } else {
+            if endpoint.is_none() {
+                return Err(EngineError::invalid(
+                    "endpoint",
+                    "is required when key is set (a key is only unique within its endpoint)",
+                ));
+            }
+            validate::key(&query.key)?;
+            Some(crate::audit::key_sha256(&query.key))
+        };
+        let limit = match query.page_size {
+            0 => DEFAULT_AUDIT_PAGE,
+            size if size > crate::audit::MAX_PAGE => {
+                return Err(EngineError::invalid(
+                    "page_size",
+                    format!("at most {}", crate::audit::MAX_PAGE),
+                ));
+            }
+            size => size,
+        };
+        let after = if query.page_token.is_empty() {
+            AuditCursor::before(query.since_ms.unwrap_or(0))
+        } else {
+            AuditCursor::from_token(&query.page_token).ok_or_else(|| {
+                EngineError::invalid("page_token", "not a token this server issued")
+            })?
+        };
+        let events = audit
+            .list(&AuditQuery {
+                tenant: tenant.to_string(),
+                endpoint,
+                key_sha256,
+                after,
+                limit,
+                now_ms: self.now(),
+            })
+            .await?;
+        let next = (events.len() == limit)
+            .then(|| events.last().map(|event| event.cursor().to_token()))
+            .flatten();
+        Ok((events, next))
     }
 
     /// Counts the tenant's records that need a decision, by state, and the
@@ -969,17 +1169,28 @@ impl Engine {
         Ok(summary)
     }
 
-    /// Removes expired records in batches until fewer than `batch` remain
-    /// due; returns how many were removed.
+    /// Removes expired records, then audit events past their retention, in
+    /// batches until fewer than `batch` remain due; returns how many.
     pub async fn sweep_expired(&self, batch: usize) -> EngineResult<usize> {
         let mut total = 0;
         loop {
             let removed = self.store.sweep_expired(self.now(), batch).await?;
             total += removed;
             if removed < batch {
-                return Ok(total);
+                break;
             }
         }
+        // Audit events past their retention go the same way.
+        if let Some(audit) = &self.audit {
+            loop {
+                let removed = audit.sweep(self.now(), batch).await?;
+                total += removed;
+                if removed < batch {
+                    break;
+                }
+            }
+        }
+        Ok(total)
     }
 }
 
@@ -991,6 +1202,8 @@ struct ClaimRequest<'a> {
     ttl: Duration,
     attempt_id: String,
     policy: &'a Policy,
+    /// When the RPC entered the engine (transition latency).
+    started: Instant,
 }
 
 impl ClaimRequest<'_> {
@@ -1042,17 +1255,46 @@ fn contention() -> EngineError {
     EngineError::Contention("the key changed concurrently too many times; retry".to_string())
 }
 
-/// One structured event per state transition. Never the raw key or body.
-fn log_transition(record: &Record, from: &str, to: &str) {
-    tracing::info!(
-        tenant = %record.id.tenant,
-        endpoint = %record.id.endpoint,
-        key_hash = %key_hash(&record.id),
-        fingerprint = %hex::encode(record.fingerprint.get(..6).unwrap_or_default()),
-        from,
-        to,
-        attempt = record.attempt,
-        status = record.response.as_ref().map_or(0, |r| r.status),
-        "state transition"
-    );
+/// What [`Engine::transition`] reports.
+struct Transition<'a> {
+    /// The record after the transition (before it, for deletions).
+    record: &'a Record,
+    /// State before.
+    from: &'a str,
+    /// State (or verdict) after.
+    to: &'a str,
+    /// A Claim answered with the stored response.
+    replayed: bool,
+    /// When the RPC entered the engine.
+    started: Instant,
+}
+
+impl<'a> Transition<'a> {
+    fn new(record: &'a Record, from: &'a str, to: &'a str, started: Instant) -> Self {
+        Self {
+            record,
+            from,
+            to,
+            replayed: false,
+            started,
+        }
+    }
+}
+
+/// Default page of [`Engine::audit_events`].
+const DEFAULT_AUDIT_PAGE: usize = 100;
+
+/// What [`Engine::audit_events`] reads (the RPC's fields, as given).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditRequest {
+    /// Only this endpoint (required with `key`); empty for all.
+    pub endpoint: String,
+    /// Only this key's history; empty for the timeline.
+    pub key: String,
+    /// Events at or after this instant (Unix ms).
+    pub since_ms: Option<i64>,
+    /// Page size; 0 for the default.
+    pub page_size: usize,
+    /// Resume token; empty for the first page.
+    pub page_token: String,
 }

@@ -35,6 +35,8 @@ pub struct Policy {
     pub ignore_fields: Vec<String>,
     /// What to do with an expired lease.
     pub on_expired_lease: ExpiredLeasePolicy,
+    /// Append every transition of this endpoint's keys to the audit log.
+    pub audit: bool,
 }
 
 impl Default for Policy {
@@ -47,6 +49,7 @@ impl Default for Policy {
             max_response_bytes: 256 * 1024,
             ignore_fields: Vec::new(),
             on_expired_lease: ExpiredLeasePolicy::Reconcile,
+            audit: false,
         }
     }
 }
@@ -64,5 +67,11 @@ impl PolicySet {
     /// The policy of `endpoint`.
     pub fn for_endpoint(&self, endpoint: &str) -> &Policy {
         self.endpoints.get(endpoint).unwrap_or(&self.default)
+    }
+
+    /// Whether any endpoint (or the default) is audited: the audit log is
+    /// only opened then.
+    pub fn any_audited(&self) -> bool {
+        self.default.audit || self.endpoints.values().any(|policy| policy.audit)
     }
 }

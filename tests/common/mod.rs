@@ -25,6 +25,8 @@ use tonic_types::StatusExt;
 pub const TAKEOVER_ENDPOINT: &str = "POST /v1/takeover";
 /// Endpoint with a small response cap (1 KiB) in test servers.
 pub const SMALL_ENDPOINT: &str = "POST /v1/small";
+/// Endpoint with `audit = true` in test servers.
+pub const AUDITED_ENDPOINT: &str = "POST /v1/audited";
 /// The default endpoint used by most tests.
 pub const PAYMENTS: &str = "POST /v1/payments";
 
@@ -55,6 +57,13 @@ pub fn test_settings(dir: &std::path::Path) -> Settings {
         TAKEOVER_ENDPOINT.to_string(),
         Policy {
             on_expired_lease: ExpiredLeasePolicy::Takeover,
+            ..Policy::default()
+        },
+    );
+    settings.policies.endpoints.insert(
+        AUDITED_ENDPOINT.to_string(),
+        Policy {
+            audit: true,
             ..Policy::default()
         },
     );

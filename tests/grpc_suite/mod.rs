@@ -9,6 +9,7 @@ use idemd::proto::v1 as pb;
 use tonic::Code;
 
 use crate::common::*;
+use idemd::proto::v1::audit_client::AuditClient;
 
 /// Instantiates every test of the suite for one backend.
 #[macro_export]
@@ -45,6 +46,8 @@ macro_rules! grpc_suite {
             oversized_response_is_resource_exhausted,
             unknown_lease_token_is_lease_lost,
             reconcile_on_completed_is_failed_precondition,
+            audit_log_records_transitions_of_audited_endpoints,
+            audit_requests_are_validated,
         );
     };
     (@tests $start:path; $($name:ident,)*) => {
@@ -1466,4 +1469,240 @@ pub async fn reconcile_on_completed_is_failed_precondition(server: &TestServer) 
         replayed(&claim_ok(server, T, claim(PAYMENTS, &k, 1)).await).response,
         Some(sample_response("done"))
     );
+}
+
+async fn audit_client(server: &TestServer) -> AuditClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.addr))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connects");
+    AuditClient::new(channel)
+}
+
+async fn audit_events(
+    server: &TestServer,
+    tenant: &str,
+    request: pb::ListAuditEventsRequest,
+) -> Result<pb::ListAuditEventsResponse, tonic::Status> {
+    audit_client(server)
+        .await
+        .list_audit_events(as_tenant(tenant, request))
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+fn transitions(events: &[pb::AuditEvent]) -> Vec<(String, String, bool)> {
+    events
+        .iter()
+        .map(|e| (e.from_state.clone(), e.to_state.clone(), e.replayed))
+        .collect()
+}
+
+pub async fn audit_log_records_transitions_of_audited_endpoints(server: &TestServer) {
+    let tenant = unique_tenant("audit");
+    let mut client = server.new_client().await;
+    let k = key("audited");
+    let since = server.now_ms();
+    // Claim, complete, replay on the audited endpoint.
+    let lease = claimed(
+        &client
+            .claim(as_tenant(&tenant, claim(AUDITED_ENDPOINT, &k, 10)))
+            .await
+            .expect("claim")
+            .into_inner(),
+    );
+    client
+        .complete(as_tenant(
+            &tenant,
+            pb::CompleteRequest {
+                endpoint: AUDITED_ENDPOINT.into(),
+                key: k.clone(),
+                lease_token: lease.lease_token.clone(),
+                response: Some(sample_response("aud_1")),
+            },
+        ))
+        .await
+        .expect("complete");
+    let replay = client
+        .claim(as_tenant(&tenant, claim(AUDITED_ENDPOINT, &k, 10)))
+        .await
+        .expect("replay")
+        .into_inner();
+    assert_eq!(outcome_name(&replay), "replayed");
+    // A second key ends UNKNOWN; a key on a non-audited endpoint leaves no
+    // trace in the audit log.
+    let other = key("audited-unknown");
+    let other_lease = claimed(
+        &client
+            .claim(as_tenant(&tenant, claim(AUDITED_ENDPOINT, &other, 11)))
+            .await
+            .expect("claim")
+            .into_inner(),
+    );
+    client
+        .fail(as_tenant(
+            &tenant,
+            pb::FailRequest {
+                endpoint: AUDITED_ENDPOINT.into(),
+                key: other.clone(),
+                lease_token: other_lease.lease_token,
+                disposition: pb::Disposition::Unknown.into(),
+                reason: "gateway timeout".into(),
+            },
+        ))
+        .await
+        .expect("fail");
+    client
+        .claim(as_tenant(&tenant, claim(PAYMENTS, &k, 10)))
+        .await
+        .expect("claim on a non-audited endpoint");
+
+    // One key's history, oldest first, without the raw key.
+    let history = audit_events(
+        server,
+        &tenant,
+        pb::ListAuditEventsRequest {
+            endpoint: AUDITED_ENDPOINT.into(),
+            key: k.clone(),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("history");
+    assert_eq!(
+        transitions(&history.events),
+        vec![
+            ("none".into(), "claimed".into(), false),
+            ("in_progress".into(), "completed".into(), false),
+            ("completed".into(), "completed".into(), true),
+        ]
+    );
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(k.as_bytes()));
+    for event in &history.events {
+        assert_eq!(event.key_sha256, digest);
+        assert_eq!(event.endpoint, AUDITED_ENDPOINT);
+        assert!(ts_ms(&event.at) >= since);
+        assert!(!format!("{event:?}").contains(&k), "no raw key in an event");
+        assert_eq!(
+            event.fingerprint_prefix,
+            hex::encode(&replay.fingerprint[..6])
+        );
+    }
+    assert_eq!(history.events[1].response_status, 201);
+    assert_eq!(history.events[0].attempt, 1);
+    assert!(history.next_page_token.is_empty());
+
+    // The tenant's timeline: both audited keys, nothing from PAYMENTS.
+    let timeline = audit_events(
+        server,
+        &tenant,
+        pb::ListAuditEventsRequest {
+            since: Some(prost_types::Timestamp {
+                seconds: since / 1000,
+                nanos: 0,
+            }),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("timeline");
+    assert_eq!(
+        timeline.events.len(),
+        5,
+        "{:?}",
+        transitions(&timeline.events)
+    );
+    assert!(
+        timeline
+            .events
+            .iter()
+            .all(|e| e.endpoint == AUDITED_ENDPOINT)
+    );
+    assert!(
+        timeline
+            .events
+            .iter()
+            .any(|e| e.from_state == "in_progress" && e.to_state == "unknown")
+    );
+    // Paging by two reaches the same five events.
+    let mut paged = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = audit_events(
+            server,
+            &tenant,
+            pb::ListAuditEventsRequest {
+                page_size: 2,
+                page_token: page_token.clone(),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("page");
+        assert!(page.events.len() <= 2);
+        paged.extend(page.events);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    assert_eq!(paged, timeline.events);
+    // Another tenant sees none of it.
+    let foreign = audit_events(
+        server,
+        &unique_tenant("audit-other"),
+        pb::ListAuditEventsRequest {
+            endpoint: AUDITED_ENDPOINT.into(),
+            key: k,
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("foreign");
+    assert!(foreign.events.is_empty());
+}
+
+pub async fn audit_requests_are_validated(server: &TestServer) {
+    let bad = [
+        (
+            pb::ListAuditEventsRequest {
+                key: "k".into(),
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+            "endpoint",
+        ),
+        (
+            pb::ListAuditEventsRequest {
+                page_size: 5000,
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+            "page_size",
+        ),
+        (
+            pb::ListAuditEventsRequest {
+                page_token: "garbage".into(),
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+            "page_token",
+        ),
+        (
+            pb::ListAuditEventsRequest {
+                endpoint: AUDITED_ENDPOINT.into(),
+                key: "bad key with spaces".into(),
+                ..Default::default()
+            },
+            Code::InvalidArgument,
+            "key",
+        ),
+    ];
+    for (request, code, field) in bad {
+        let status = audit_events(server, T, request)
+            .await
+            .expect_err("rejected");
+        assert_bad_field(&status, code, field);
+    }
 }

@@ -37,11 +37,18 @@ pub struct Migration {
 }
 
 /// Every migration, in order. A test checks this list against `migrations/`.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "records",
-    cql: include_str!("../../../migrations/0001_records.cql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "records",
+        cql: include_str!("../../../migrations/0001_records.cql"),
+    },
+    Migration {
+        version: 2,
+        name: "audit",
+        cql: include_str!("../../../migrations/0002_audit.cql"),
+    },
+];
 
 /// A claim on a migration older than this is considered abandoned (its
 /// owner died) and may be taken over.

@@ -420,7 +420,7 @@ fn ttl_seconds(expires_at_ms: i64, now_ms: i64) -> i32 {
     i32::try_from((remaining_ms + 999) / 1000).unwrap_or(i32::MAX)
 }
 
-fn day_of(instant_ms: i64) -> i32 {
+pub(crate) fn day_of(instant_ms: i64) -> i32 {
     i32::try_from(instant_ms.div_euclid(DAY_MS)).unwrap_or(i32::MAX)
 }
 

@@ -1,0 +1,394 @@
+//! Embedded audit log: `audit.redb` in the data directory.
+//!
+//! A file of its own rather than tables in the records' database: audit
+//! appends then never lengthen the records' group commits, and the two can
+//! be copied, kept or deleted independently (the audit log has its own
+//! retention).
+//!
+//! Tables (keys are byte strings built so that byte order is time order):
+//! * `events`: `time` → the event as JSON. `time` is 16 bytes, `at_ms` and
+//!   `event_id` big-endian with the sign bit flipped. Time order across
+//!   tenants is what the retention sweep walks.
+//! * `by_tenant`: `tenant · time` → (): a tenant's timeline.
+//! * `by_key`: `tenant · endpoint · key_sha256 · time` → (): one key's history.
+//!
+//! Strings in keys are length-prefixed (u16 BE), so `ab` and `a`+`b…` never
+//! share a prefix. One writer thread batches whatever appends are waiting
+//! into one durable (fsynced) transaction.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{AuditCursor, AuditEvent, AuditLog, AuditQuery, retention_ms};
+use crate::store::StoreError;
+
+/// File name inside the data directory.
+pub const AUDIT_FILE: &str = "audit.redb";
+
+const EVENTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("events");
+const BY_TENANT: TableDefinition<&[u8], ()> = TableDefinition::new("by_tenant");
+const BY_KEY: TableDefinition<&[u8], ()> = TableDefinition::new("by_key");
+
+/// Appends waiting beyond this make callers wait for room (backpressure
+/// instead of unbounded memory).
+const QUEUE_DEPTH: usize = 4096;
+
+enum Request {
+    Append(Vec<AuditEvent>, oneshot::Sender<Result<(), StoreError>>),
+    Sweep {
+        cutoff_ms: i64,
+        batch: usize,
+        done: oneshot::Sender<Result<usize, StoreError>>,
+    },
+}
+
+/// The embedded audit log.
+#[derive(Debug)]
+pub struct EmbeddedAuditLog {
+    /// Read transactions run on it directly; writes go through the writer.
+    database: Arc<Database>,
+    /// Queue to the writer thread; `None` once closed.
+    writer: std::sync::Mutex<Option<mpsc::Sender<Request>>>,
+    /// Joined on close so that every accepted append is committed.
+    writer_thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// How long events are kept.
+    retention: Duration,
+}
+
+fn storage_error(context: &str, error: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(format!("audit log: {context}: {error}"))
+}
+
+fn ordered(value: i64) -> [u8; 8] {
+    ((value as u64) ^ (1 << 63)).to_be_bytes()
+}
+
+fn time_key(cursor: AuditCursor) -> [u8; 16] {
+    let mut key = [0u8; 16];
+    key[..8].copy_from_slice(&ordered(cursor.at_ms));
+    key[8..].copy_from_slice(&ordered(cursor.event_id));
+    key
+}
+
+fn push_str(key: &mut Vec<u8>, value: &str) {
+    let len = u16::try_from(value.len()).unwrap_or(u16::MAX);
+    key.extend_from_slice(&len.to_be_bytes());
+    key.extend_from_slice(&value.as_bytes()[..usize::from(len)]);
+}
+
+fn tenant_prefix(tenant: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(2 + tenant.len() + 16);
+    push_str(&mut key, tenant);
+    key
+}
+
+fn key_prefix(tenant: &str, endpoint: &str, key_sha256: &str) -> Vec<u8> {
+    let mut key = tenant_prefix(tenant);
+    push_str(&mut key, endpoint);
+    push_str(&mut key, key_sha256);
+    key
+}
+
+fn with_time(prefix: &[u8], cursor: AuditCursor) -> Vec<u8> {
+    let mut key = prefix.to_vec();
+    key.extend_from_slice(&time_key(cursor));
+    key
+}
+
+impl EmbeddedAuditLog {
+    /// Opens (creating if needed) `audit.redb` in `data_dir`.
+    pub fn open(data_dir: &Path, retention: Duration) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(data_dir)
+            .map_err(|e| storage_error(&format!("create {}", data_dir.display()), e))?;
+        let path = data_dir.join(AUDIT_FILE);
+        let database = Database::create(&path)
+            .map_err(|e| storage_error(&format!("open {}", path.display()), e))?;
+        let txn = database
+            .begin_write()
+            .map_err(|e| storage_error("begin", e))?;
+        {
+            txn.open_table(EVENTS)
+                .map_err(|e| storage_error("open", e))?;
+            txn.open_table(BY_TENANT)
+                .map_err(|e| storage_error("open", e))?;
+            txn.open_table(BY_KEY)
+                .map_err(|e| storage_error("open", e))?;
+        }
+        txn.commit().map_err(|e| storage_error("commit", e))?;
+        let database = Arc::new(database);
+        let (sender, receiver) = mpsc::channel(QUEUE_DEPTH);
+        let writer_database = Arc::clone(&database);
+        let writer_thread = std::thread::Builder::new()
+            .name("idemd-audit-writer".to_string())
+            .spawn(move || writer_loop(&writer_database, receiver))
+            .map_err(|e| storage_error("start writer thread", e))?;
+        Ok(Self {
+            database,
+            writer: std::sync::Mutex::new(Some(sender)),
+            writer_thread: std::sync::Mutex::new(Some(writer_thread)),
+            retention,
+        })
+    }
+
+    fn sender(&self) -> Result<mpsc::Sender<Request>, StoreError> {
+        self.writer
+            .lock()
+            .map_err(|_| StoreError::Closed)?
+            .clone()
+            .ok_or(StoreError::Closed)
+    }
+}
+
+fn writer_loop(database: &Database, mut receiver: mpsc::Receiver<Request>) {
+    while let Some(first) = receiver.blocking_recv() {
+        let mut appends = Vec::new();
+        match first {
+            Request::Append(events, done) => appends.push((events, done)),
+            Request::Sweep {
+                cutoff_ms,
+                batch,
+                done,
+            } => {
+                let _ = done.send(sweep(database, cutoff_ms, batch));
+                continue;
+            }
+        }
+        // Group commit: everything already queued rides the same fsync.
+        let mut deferred_sweep = None;
+        while let Ok(next) = receiver.try_recv() {
+            match next {
+                Request::Append(events, done) => appends.push((events, done)),
+                sweep_request @ Request::Sweep { .. } => {
+                    deferred_sweep = Some(sweep_request);
+                    break;
+                }
+            }
+        }
+        let result = append_all(database, appends.iter().flat_map(|(events, _)| events));
+        for (_, done) in appends {
+            let _ = done.send(result.clone());
+        }
+        if let Some(Request::Sweep {
+            cutoff_ms,
+            batch,
+            done,
+        }) = deferred_sweep
+        {
+            let _ = done.send(sweep(database, cutoff_ms, batch));
+        }
+    }
+}
+
+fn append_all<'a>(
+    database: &Database,
+    events: impl Iterator<Item = &'a AuditEvent>,
+) -> Result<(), StoreError> {
+    let txn = database
+        .begin_write()
+        .map_err(|e| storage_error("begin", e))?;
+    {
+        let mut table = txn
+            .open_table(EVENTS)
+            .map_err(|e| storage_error("open", e))?;
+        let mut by_tenant = txn
+            .open_table(BY_TENANT)
+            .map_err(|e| storage_error("open", e))?;
+        let mut by_key = txn
+            .open_table(BY_KEY)
+            .map_err(|e| storage_error("open", e))?;
+        for event in events {
+            let json = serde_json::to_vec(event).map_err(|e| storage_error("encode", e))?;
+            let time = time_key(event.cursor());
+            table
+                .insert(time.as_slice(), json.as_slice())
+                .map_err(|e| storage_error("insert", e))?;
+            by_tenant
+                .insert(
+                    with_time(&tenant_prefix(&event.tenant), event.cursor()).as_slice(),
+                    (),
+                )
+                .map_err(|e| storage_error("insert", e))?;
+            by_key
+                .insert(
+                    with_time(
+                        &key_prefix(&event.tenant, &event.endpoint, &event.key_sha256),
+                        event.cursor(),
+                    )
+                    .as_slice(),
+                    (),
+                )
+                .map_err(|e| storage_error("insert", e))?;
+        }
+    }
+    txn.commit().map_err(|e| storage_error("commit", e))
+}
+
+fn decode(bytes: &[u8]) -> Result<AuditEvent, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(format!("audit event: {e}")))
+}
+
+fn sweep(database: &Database, cutoff_ms: i64, batch: usize) -> Result<usize, StoreError> {
+    let txn = database
+        .begin_write()
+        .map_err(|e| storage_error("begin", e))?;
+    let removed;
+    {
+        let mut table = txn
+            .open_table(EVENTS)
+            .map_err(|e| storage_error("open", e))?;
+        let end = time_key(AuditCursor {
+            at_ms: cutoff_ms,
+            event_id: i64::MIN,
+        });
+        let mut doomed = Vec::new();
+        for entry in table
+            .range(..end.as_slice())
+            .map_err(|e| storage_error("range", e))?
+            .take(batch)
+        {
+            let (time, value) = entry.map_err(|e| storage_error("read", e))?;
+            doomed.push((time.value().to_vec(), decode(value.value())?));
+        }
+        let mut by_tenant = txn
+            .open_table(BY_TENANT)
+            .map_err(|e| storage_error("open", e))?;
+        let mut by_key = txn
+            .open_table(BY_KEY)
+            .map_err(|e| storage_error("open", e))?;
+        for (time, event) in &doomed {
+            table
+                .remove(time.as_slice())
+                .map_err(|e| storage_error("remove", e))?;
+            by_tenant
+                .remove(with_time(&tenant_prefix(&event.tenant), event.cursor()).as_slice())
+                .map_err(|e| storage_error("remove", e))?;
+            by_key
+                .remove(
+                    with_time(
+                        &key_prefix(&event.tenant, &event.endpoint, &event.key_sha256),
+                        event.cursor(),
+                    )
+                    .as_slice(),
+                )
+                .map_err(|e| storage_error("remove", e))?;
+        }
+        removed = doomed.len();
+    }
+    txn.commit().map_err(|e| storage_error("commit", e))?;
+    Ok(removed)
+}
+
+fn list(
+    database: &Database,
+    query: &AuditQuery,
+    retention: Duration,
+) -> Result<Vec<AuditEvent>, StoreError> {
+    let oldest = AuditCursor::before(query.now_ms.saturating_sub(retention_ms(retention)));
+    let after = query.after.max(oldest);
+    let (prefix, index) = match (&query.endpoint, &query.key_sha256) {
+        (Some(endpoint), Some(key)) => (key_prefix(&query.tenant, endpoint, key), BY_KEY),
+        _ => (tenant_prefix(&query.tenant), BY_TENANT),
+    };
+    let txn = database
+        .begin_read()
+        .map_err(|e| storage_error("begin", e))?;
+    let index = txn
+        .open_table(index)
+        .map_err(|e| storage_error("open", e))?;
+    let events = txn
+        .open_table(EVENTS)
+        .map_err(|e| storage_error("open", e))?;
+    let start = with_time(&prefix, after);
+    let mut found = Vec::new();
+    for entry in index
+        .range(start.as_slice()..)
+        .map_err(|e| storage_error("range", e))?
+    {
+        let (key, _) = entry.map_err(|e| storage_error("read", e))?;
+        let key = key.value();
+        if !key.starts_with(&prefix) || key.len() != prefix.len() + 16 {
+            break;
+        }
+        let time = &key[prefix.len()..];
+        let Some(value) = events.get(time).map_err(|e| storage_error("get", e))? else {
+            // An index entry whose event a concurrent sweep just removed.
+            continue;
+        };
+        let event = decode(value.value())?;
+        if event.cursor() <= after {
+            continue;
+        }
+        if query
+            .endpoint
+            .as_ref()
+            .is_some_and(|endpoint| *endpoint != event.endpoint)
+        {
+            continue;
+        }
+        found.push(event);
+        if found.len() >= query.limit {
+            break;
+        }
+    }
+    Ok(found)
+}
+
+#[async_trait]
+impl AuditLog for EmbeddedAuditLog {
+    fn backend_name(&self) -> &'static str {
+        "embedded"
+    }
+
+    async fn append(&self, events: &[AuditEvent]) -> Result<(), StoreError> {
+        let (done, answer) = oneshot::channel();
+        self.sender()?
+            .send(Request::Append(events.to_vec(), done))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    async fn list(&self, query: &AuditQuery) -> Result<Vec<AuditEvent>, StoreError> {
+        let database = Arc::clone(&self.database);
+        let query = query.clone();
+        let retention = self.retention;
+        tokio::task::spawn_blocking(move || list(&database, &query, retention))
+            .await
+            .map_err(|e| storage_error("read task", e))?
+    }
+
+    async fn sweep(&self, now_ms: i64, batch: usize) -> Result<usize, StoreError> {
+        let (done, answer) = oneshot::channel();
+        self.sender()?
+            .send(Request::Sweep {
+                cutoff_ms: now_ms.saturating_sub(retention_ms(self.retention)),
+                batch,
+                done,
+            })
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    async fn close(&self) -> Result<(), StoreError> {
+        // Dropping the sender ends the writer loop after the queued appends.
+        drop(self.writer.lock().map_err(|_| StoreError::Closed)?.take());
+        let thread = self
+            .writer_thread
+            .lock()
+            .map_err(|_| StoreError::Closed)?
+            .take();
+        if let Some(thread) = thread {
+            tokio::task::spawn_blocking(move || thread.join())
+                .await
+                .map_err(|e| storage_error("close", e))?
+                .map_err(|_| storage_error("close", "writer thread panicked"))?;
+        }
+        Ok(())
+    }
+}
