@@ -27,6 +27,9 @@
 //! * [`audit`]: the append-only audit log of audited endpoints' transitions
 //!   ([`audit::AuditLog`]), its own storage with its own retention, one
 //!   module per backend.
+//! * [`telemetry`]: OpenTelemetry traces over OTLP (a span per RPC, a
+//!   child per store operation), off unless `OTEL_EXPORTER_OTLP_ENDPOINT`
+//!   is set.
 //! * [`metrics`]: every Prometheus metric name and help text, the label
 //!   cardinality guard and the `/metrics` exporter.
 //! * [`cli`]: subcommands that are clients of a running server
@@ -47,3 +50,4 @@ pub mod metrics;
 pub mod proto;
 pub mod server;
 pub mod store;
+pub mod telemetry;

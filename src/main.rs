@@ -123,13 +123,27 @@ fn main() -> ExitCode {
         Err(code) => return code,
     };
     let result = runtime.block_on(async {
+        // Tracing is an aid, not a dependency: a bad OTLP setting is logged
+        // and the server runs without traces.
+        let telemetry = match idemd::telemetry::init_from_env() {
+            Ok(guard) => guard,
+            Err(error) => {
+                tracing::error!(%error, "traces are off");
+                None
+            }
+        };
         let server = idemd::server::start(settings, Arc::new(SystemClock)).await?;
         let trigger = server.shutdown_trigger();
         tokio::spawn(async move {
             shutdown_signal().await;
             let _ = trigger.send(true);
         });
-        server.wait().await
+        let served = server.wait().await;
+        if let Some(guard) = telemetry {
+            // Flushing blocks on the exporter, which needs the runtime.
+            let _ = tokio::task::spawn_blocking(move || guard.shutdown()).await;
+        }
+        served
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

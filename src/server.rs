@@ -90,21 +90,35 @@ impl EngineSlot {
     }
 }
 
-/// Delegates every RPC to the service once it exists, and records each
-/// call's latency and status code (`idemd_rpc_duration_seconds`): the one
-/// place every RPC passes through.
+/// Delegates every RPC to the service once it exists, records each call's
+/// latency and status code (`idemd_rpc_duration_seconds`) and, with tracing
+/// on, runs it in its span (see [`crate::telemetry`]): the one place every
+/// RPC passes through. Every request message has an `endpoint` field (the
+/// endpoint, or the endpoint filter), recorded on the span.
 macro_rules! delegate {
-    ($service:path { $($method:ident($request:ty) -> $response:ty, $name:literal;)* }) => {
+    ($service:path, $service_name:literal { $($method:ident($request:ty) -> $response:ty, $name:literal;)* }) => {
         #[tonic::async_trait]
         impl $service for EngineSlot {
             $(
                 async fn $method(&self, request: Request<$request>) -> Result<Response<$response>, Status> {
                     let started = std::time::Instant::now();
-                    let result = match self.get() {
-                        Ok(service) => <IdempotencyService as $service>::$method(service, request).await,
-                        Err(status) => Err(status),
+                    let span = crate::telemetry::rpc_context($service_name, $name, request.metadata());
+                    let result = match (self.get(), &span) {
+                        (Ok(service), Some(context)) => {
+                            let context = context.clone();
+                            let endpoint = request.get_ref().endpoint.clone();
+                            opentelemetry::context::FutureExt::with_context(async move {
+                                crate::telemetry::annotate(&[("idemd.endpoint", &endpoint)]);
+                                <IdempotencyService as $service>::$method(service, request).await
+                            }, context).await
+                        }
+                        (Ok(service), None) => <IdempotencyService as $service>::$method(service, request).await,
+                        (Err(status), _) => Err(status),
                     };
                     let code = result.as_ref().map_or_else(|status| status.code(), |_| tonic::Code::Ok);
+                    if let Some(context) = &span {
+                        crate::telemetry::end_rpc(context, code);
+                    }
                     metrics::histogram!(
                         crate::metrics::RPC_DURATION,
                         "rpc" => $name,
@@ -119,7 +133,7 @@ macro_rules! delegate {
 }
 
 delegate! {
-    pb::idempotency_server::Idempotency {
+    pb::idempotency_server::Idempotency, "idemd.v1.Idempotency" {
         claim(pb::ClaimRequest) -> pb::ClaimResponse, "Claim";
         complete(pb::CompleteRequest) -> pb::CompleteResponse, "Complete";
         fail(pb::FailRequest) -> pb::FailResponse, "Fail";
@@ -131,7 +145,7 @@ delegate! {
 }
 
 delegate! {
-    pb::audit_server::Audit {
+    pb::audit_server::Audit, "idemd.v1.Audit" {
         list_audit_events(pb::ListAuditEventsRequest) -> pb::ListAuditEventsResponse, "ListAuditEvents";
     }
 }
@@ -331,6 +345,8 @@ where
         address = %local_addr,
         store = store.backend_name(),
         auth = auth.is_enabled(),
+        audit = audit.is_some(),
+        traces = crate::telemetry::enabled(),
         "idemd serving"
     );
 

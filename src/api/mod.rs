@@ -46,10 +46,13 @@ impl IdempotencyService {
     }
 
     fn tenant<T>(&self, request: &Request<T>) -> Result<String, Status> {
-        self.auth
+        let tenant = self
+            .auth
             .authenticate(request.metadata())
             .map(|tenant| tenant.0)
-            .map_err(status::auth_status)
+            .map_err(status::auth_status)?;
+        crate::telemetry::annotate(&[("idemd.tenant", &tenant)]);
+        Ok(tenant)
     }
 
     /// Metric labels for a call; malformed endpoints share one value.
@@ -63,6 +66,7 @@ impl IdempotencyService {
     }
 
     fn count_claim(&self, tenant: &str, endpoint: &str, outcome: &'static str) {
+        crate::telemetry::annotate(&[("idemd.outcome", outcome)]);
         let (tenant, endpoint) = self.labels(tenant, endpoint);
         metrics::counter!(names::CLAIMS, "tenant" => tenant, "endpoint" => endpoint, "outcome" => outcome)
             .increment(1);

@@ -1,7 +1,8 @@
 //! A [`Store`] decorator that records the latency and failures of every
 //! store operation (`idemd_store_operation_duration_seconds`,
-//! `idemd_store_errors_total`), so backends stay free of metrics plumbing
-//! except for what only they can see (uncertain writes).
+//! `idemd_store_errors_total`) and, with tracing on, a child span per
+//! operation, so backends stay free of metrics and tracing plumbing except
+//! for what only they can see (uncertain writes).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -37,10 +38,21 @@ impl InstrumentedStore {
     }
 }
 
+/// Times the call, counts failures and, when tracing is on, runs it in a
+/// child span of the current RPC span.
 macro_rules! measured {
     ($self:ident, $operation:literal, $call:expr) => {{
         let started = Instant::now();
-        let result = $call.await;
+        let span = crate::telemetry::store_context($self.inner.backend_name(), $operation);
+        let result = match &span {
+            Some(context) => {
+                opentelemetry::context::FutureExt::with_context($call, context.clone()).await
+            }
+            None => $call.await,
+        };
+        if let Some(context) = &span {
+            crate::telemetry::end_store(context, &result);
+        }
         $self.record($operation, started, &result);
         result
     }};

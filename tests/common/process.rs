@@ -13,6 +13,8 @@ pub struct Process {
     pub addr: std::net::SocketAddr,
     /// Log lines after start-up.
     pub lines: mpsc::Receiver<String>,
+    /// The "idemd serving" log event (what the server reports about itself).
+    pub serving: serde_json::Value,
 }
 
 /// `idemd` on port 0 with JSON logs and `data_dir`, plus `extra` flags.
@@ -39,7 +41,13 @@ pub fn idemd_command(data_dir: &std::path::Path, extra: &[&str]) -> Command {
 
 /// Starts `idemd` and waits for its "idemd serving" log line.
 pub fn spawn(data_dir: &std::path::Path, extra: &[&str]) -> Process {
-    let mut child = idemd_command(data_dir, extra).spawn().expect("spawn idemd");
+    spawn_command(idemd_command(data_dir, extra))
+}
+
+/// Starts a command made by [`idemd_command`] (e.g. with extra environment)
+/// and waits for its "idemd serving" log line.
+pub fn spawn_command(mut command: Command) -> Process {
+    let mut child = command.spawn().expect("spawn idemd");
     let stderr = child.stderr.take().expect("stderr");
     let (sender, lines) = mpsc::channel();
     std::thread::spawn(move || {
@@ -51,6 +59,7 @@ pub fn spawn(data_dir: &std::path::Path, extra: &[&str]) -> Process {
     });
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let mut addr = None;
+    let mut serving = serde_json::Value::Null;
     let mut seen = Vec::new();
     while addr.is_none() {
         let remaining = deadline.saturating_duration_since(std::time::Instant::now());
@@ -63,11 +72,17 @@ pub fn spawn(data_dir: &std::path::Path, extra: &[&str]) -> Process {
         };
         if event["message"] == "idemd serving" {
             addr = event["address"].as_str().and_then(|a| a.parse().ok());
+            serving = event;
         }
         seen.push(line);
     }
     match addr {
-        Some(addr) => Process { child, addr, lines },
+        Some(addr) => Process {
+            child,
+            addr,
+            lines,
+            serving,
+        },
         None => {
             let _ = child.kill();
             let _ = child.wait();
