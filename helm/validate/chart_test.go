@@ -535,14 +535,16 @@ func TestCQLWithEverythingOn(t *testing.T) {
 		t.Errorf("image %s", c.Image)
 	}
 	want := map[string]string{
-		"IDEMD_CQL_NODES":           "scylla-0.scylla.db.svc:9142,scylla-1.scylla.db.svc:9142,scylla-2.scylla.db.svc:9142",
-		"IDEMD_KEYSPACE":            "idemd_prod",
-		"IDEMD_CQL_CONSISTENCY":     "local-quorum",
-		"IDEMD_CQL_LOCAL_DC":        "eu-west-1",
-		"IDEMD_CQL_REQUEST_TIMEOUT": "3s",
-		"IDEMD_CQL_LWT_TIMEOUT":     "8s",
-		"IDEMD_DRAIN_TIMEOUT":       "30s",
-		"IDEMD_AUTH_TOKENS":         "/etc/idemd/auth/tokens",
+		"IDEMD_CQL_NODES":             "scylla-0.scylla.db.svc:9142,scylla-1.scylla.db.svc:9142,scylla-2.scylla.db.svc:9142",
+		"IDEMD_KEYSPACE":              "idemd_prod",
+		"IDEMD_CQL_CONSISTENCY":       "local-quorum",
+		"IDEMD_CQL_LOCAL_DC":          "eu-west-1",
+		"IDEMD_CQL_REQUEST_TIMEOUT":   "3s",
+		"IDEMD_CQL_LWT_TIMEOUT":       "8s",
+		"IDEMD_DRAIN_TIMEOUT":         "30s",
+		"IDEMD_AUTH_TOKENS":           "/etc/idemd/auth/tokens",
+		"IDEMD_AUDIT_RETENTION":       "90d",
+		"OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel-collector.observability.svc:4317",
 	}
 	for k, v := range want {
 		if env[k].Value != v {
@@ -892,6 +894,8 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		"drain negative":          {"--set", "server.drainTimeoutSeconds=-1"},
 		"probe type switched":     {"--set", "probes.liveness.httpGet.port=80"},
 		"tls.enabled not boolean": {"--set-string", "cql.tls.enabled=yes"},
+		"audit retention":         {"--set", "server.auditRetention=forever"},
+		"otlp endpoint no scheme": {"--set", "server.otlpEndpoint=collector:4317"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, stderr, err := runHelm(templateArgs(args...)...)

@@ -273,6 +273,14 @@ spec:
           value: {{ printf "%ds" (int .Values.server.drainTimeoutSeconds) | quote }}
         - name: IDEMD_CACHE_BYTES
           value: {{ int64 .Values.server.cacheBytes | quote }}
+        - name: IDEMD_AUDIT_RETENTION
+          value: {{ .Values.server.auditRetention | quote }}
+        {{- with .Values.server.otlpEndpoint }}
+        - name: OTEL_EXPORTER_OTLP_ENDPOINT
+          value: {{ . | quote }}
+        - name: OTEL_SERVICE_NAME
+          value: {{ include "idemd.fullname" $ | quote }}
+        {{- end }}
         {{- if .Values.auth.existingSecret }}
         - name: IDEMD_AUTH_TOKENS
           value: {{ printf "/etc/idemd/auth/%s" .Values.auth.key | quote }}
