@@ -1,14 +1,27 @@
-//! Who is calling: the tenant of every request comes from here.
+//! Who is calling, and what they may do: the tenant of every request comes
+//! from here.
 //!
 //! * With `--auth-tokens FILE`, callers send `authorization: Bearer <token>`.
-//!   The file holds one `TENANT SHA256_HEX_OF_TOKEN` pair per line (`#`
-//!   starts a comment), so the server never stores a usable token. The file is
-//!   re-read on SIGHUP and when it changes; a file that fails to parse keeps
-//!   the previous table in force (and logs why), so a bad edit cannot lock
-//!   every caller out.
-//! * Without it, auth is off (a warning is logged at start) and the tenant is
-//!   the `x-tenant-id` metadata, or `default`. For development and trusted
-//!   networks only.
+//!   Each line of the file grants one token:
+//!
+//!   ```text
+//!   TENANT SHA256_HEX_OF_TOKEN [ROLE [ENDPOINT_PREFIX, ENDPOINT_PREFIX...]]
+//!   ```
+//!
+//!   so the server never stores a usable token (`#` starts a comment). ROLE
+//!   is `service` (Claim, Complete, Fail, ExtendLease, Lookup), `reconciler`
+//!   (adds ListPending, Reconcile and ListAuditEvents) or `admin`
+//!   (everything). Without a role a line grants `reconciler`, which is what
+//!   two-column files always granted, so old files keep working. The rest of
+//!   the line after the role, if any, is a comma-separated allow-list of
+//!   endpoint prefixes (`POST /v1/payments, POST /v1/refunds`); calls on
+//!   other endpoints, and listings not narrowed to an allowed endpoint, get
+//!   `PERMISSION_DENIED`. The file is re-read on SIGHUP and when it changes;
+//!   a file that fails to parse keeps the previous table in force (and logs
+//!   why), so a bad edit cannot lock every caller out.
+//! * Without it, auth is off (a warning is logged at start), every caller is
+//!   `admin`, and the tenant is the `x-tenant-id` metadata, or `default`. For
+//!   development and trusted networks only.
 //!
 //! The tenant is never taken from a request field.
 
@@ -28,9 +41,91 @@ pub const TENANT_HEADER: &str = "x-tenant-id";
 /// Tenant used when auth is off and no header is sent.
 pub const DEFAULT_TENANT: &str = "default";
 
-/// The authenticated caller, attached to each request's extensions.
+/// What a token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    /// Runs operations: Claim, Complete, Fail, ExtendLease, Lookup.
+    Service,
+    /// Also decides pending records and reads the audit log: ListPending,
+    /// Reconcile, ListAuditEvents.
+    Reconciler,
+    /// Everything.
+    Admin,
+}
+
+impl Role {
+    /// The role's name in the tokens file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Service => "service",
+            Role::Reconciler => "reconciler",
+            Role::Admin => "admin",
+        }
+    }
+
+    fn parse(value: &str) -> Option<Self> {
+        match value {
+            "service" => Some(Role::Service),
+            "reconciler" => Some(Role::Reconciler),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+
+    /// The least role that may call an RPC of this kind.
+    fn allows(self, action: Action) -> bool {
+        let needed = match action {
+            Action::Execute => Role::Service,
+            Action::Reconcile | Action::ReadAudit => Role::Reconciler,
+        };
+        self >= needed
+    }
+}
+
+/// What an RPC does, for authorization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Claim, Complete, Fail, ExtendLease, Lookup.
+    Execute,
+    /// ListPending, Reconcile.
+    Reconcile,
+    /// ListAuditEvents.
+    ReadAudit,
+}
+
+/// The authenticated caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tenant(pub String);
+pub struct Caller {
+    /// The tenant every key of the call belongs to.
+    pub tenant: String,
+    /// What the caller may do.
+    pub role: Role,
+    /// Endpoint prefixes the caller may touch; `None` = any endpoint.
+    pub endpoint_prefixes: Option<Arc<[String]>>,
+}
+
+impl Caller {
+    /// Checks that the caller may perform `action` on `endpoint` (empty for
+    /// a listing across endpoints, which an allow-list forbids: the caller
+    /// must narrow it to an allowed endpoint).
+    pub fn authorize(&self, action: Action, endpoint: &str) -> Result<(), AuthError> {
+        if !self.role.allows(action) {
+            return Err(AuthError::RoleNotAllowed {
+                role: self.role.as_str(),
+            });
+        }
+        if let Some(prefixes) = &self.endpoint_prefixes {
+            let allowed = !endpoint.is_empty()
+                && prefixes
+                    .iter()
+                    .any(|prefix| endpoint.starts_with(prefix.as_str()));
+            if !allowed {
+                return Err(AuthError::EndpointNotAllowed);
+            }
+        }
+        Ok(())
+    }
+}
 
 /// Why a caller was not authenticated.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -44,6 +139,16 @@ pub enum AuthError {
     /// Auth is off and the `x-tenant-id` value is not a valid tenant.
     #[error("invalid x-tenant-id: {0}")]
     BadTenantHeader(String),
+    /// The token's role does not include this RPC.
+    #[error("the token's role ({role}) does not allow this call")]
+    RoleNotAllowed {
+        /// The caller's role.
+        role: &'static str,
+    },
+    /// The token's endpoint allow-list does not include this endpoint (or
+    /// the listing is not narrowed to one endpoint).
+    #[error("the token is not allowed on this endpoint (name an endpoint it is allowed on)")]
+    EndpointNotAllowed,
 }
 
 /// A problem in the tokens file, with its line number.
@@ -58,8 +163,8 @@ pub struct TokenFileError {
     pub description: String,
 }
 
-/// SHA-256 of a token → tenant.
-type TokenTable = HashMap<[u8; 32], String>;
+/// SHA-256 of a token → what it grants.
+type TokenTable = HashMap<[u8; 32], Caller>;
 
 /// Parses a tokens file's text.
 pub fn parse_tokens(path: &Path, text: &str) -> Result<TokenTable, TokenFileError> {
@@ -75,22 +180,52 @@ pub fn parse_tokens(path: &Path, text: &str) -> Result<TokenTable, TokenFileErro
         if line.is_empty() {
             continue;
         }
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let [tenant, digest_hex] = fields.as_slice() else {
+        let mut fields = line.splitn(4, char::is_whitespace).map(str::trim);
+        let (Some(tenant), Some(digest_hex)) = (fields.next(), fields.next()) else {
             return Err(error(
                 line_number,
-                "expected 'TENANT SHA256_HEX_OF_TOKEN'".to_string(),
+                "expected 'TENANT SHA256_HEX_OF_TOKEN [ROLE [ENDPOINT_PREFIX, ...]]'".to_string(),
             ));
         };
         validate::tenant("tenant", tenant).map_err(|e| error(line_number, e.to_string()))?;
         let mut digest = [0u8; 32];
-        hex::decode_to_slice(digest_hex, &mut digest).map_err(|_| {
+        hex::decode_to_slice(digest_hex.trim(), &mut digest).map_err(|_| {
             error(
                 line_number,
                 "the second field must be 64 hex digits (SHA-256 of the token)".to_string(),
             )
         })?;
-        if table.insert(digest, (*tenant).to_string()).is_some() {
+        let role = match fields.next().map(str::trim).filter(|r| !r.is_empty()) {
+            // Two-column lines predate roles and granted everything but
+            // admin: they keep doing so.
+            None => Role::Reconciler,
+            Some(name) => Role::parse(name).ok_or_else(|| {
+                error(
+                    line_number,
+                    format!("unknown role {name:?}: expected service, reconciler or admin"),
+                )
+            })?,
+        };
+        let endpoint_prefixes = match fields.next().map(str::trim).filter(|r| !r.is_empty()) {
+            None => None,
+            Some(list) => {
+                let prefixes: Vec<String> =
+                    list.split(',').map(str::trim).map(str::to_string).collect();
+                if let Some(empty) = prefixes.iter().position(String::is_empty) {
+                    return Err(error(
+                        line_number,
+                        format!("endpoint prefix {} is empty", empty + 1),
+                    ));
+                }
+                Some(Arc::from(prefixes))
+            }
+        };
+        let caller = Caller {
+            tenant: (*tenant).to_string(),
+            role,
+            endpoint_prefixes,
+        };
+        if table.insert(digest, caller).is_some() {
             return Err(error(
                 line_number,
                 "the same token hash appears twice".to_string(),
@@ -132,8 +267,8 @@ impl Authenticator {
         self.tokens.is_some()
     }
 
-    /// The tenant of a request with this metadata.
-    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Tenant, AuthError> {
+    /// The caller of a request with this metadata.
+    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Caller, AuthError> {
         let Some(tokens) = &self.tokens else {
             let tenant = match metadata.get(TENANT_HEADER) {
                 None => DEFAULT_TENANT.to_string(),
@@ -144,7 +279,11 @@ impl Authenticator {
             };
             validate::tenant(TENANT_HEADER, &tenant)
                 .map_err(|e| AuthError::BadTenantHeader(e.to_string()))?;
-            return Ok(Tenant(tenant));
+            return Ok(Caller {
+                tenant,
+                role: Role::Admin,
+                endpoint_prefixes: None,
+            });
         };
         let header = metadata
             .get("authorization")
@@ -160,10 +299,7 @@ impl Authenticator {
         // differences can only reveal bits of a hash, not of the token.
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let table = tokens.read().unwrap_or_else(|e| e.into_inner());
-        table
-            .get(&digest)
-            .map(|tenant| Tenant(tenant.clone()))
-            .ok_or(AuthError::Unknown)
+        table.get(&digest).cloned().ok_or(AuthError::Unknown)
     }
 
     /// The tenants of the tokens file (empty with auth off).
@@ -172,7 +308,7 @@ impl Authenticator {
             return Vec::new();
         };
         let table = tokens.read().unwrap_or_else(|e| e.into_inner());
-        let mut tenants: Vec<String> = table.values().cloned().collect();
+        let mut tenants: Vec<String> = table.values().map(|c| c.tenant.clone()).collect();
         tenants.sort();
         tenants.dedup();
         tenants
@@ -277,5 +413,91 @@ mod tests {
         let err = parse_tokens(Path::new("t"), &format!("bad/tenant {}\n", hash("a")))
             .expect_err("bad tenant");
         assert_eq!(err.line, 1);
+    }
+
+    #[test]
+    fn roles_and_endpoint_prefixes() {
+        let text = format!(
+            "legacy {}
+svc {} service
+rec {} reconciler
+adm {} admin POST /v1/payments, POST /v1/refunds # two
+",
+            hash("l"),
+            hash("s"),
+            hash("r"),
+            hash("a")
+        );
+        let table = parse_tokens(Path::new("t"), &text).expect("valid");
+        let get = |token: &str| {
+            let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+            table.get(&digest).cloned().expect("present")
+        };
+        assert_eq!(
+            get("l").role,
+            Role::Reconciler,
+            "two columns keep their grant"
+        );
+        assert_eq!(get("s").role, Role::Service);
+        let admin = get("a");
+        assert_eq!(admin.role, Role::Admin);
+        assert_eq!(
+            admin.endpoint_prefixes.as_deref(),
+            Some(
+                &[
+                    "POST /v1/payments".to_string(),
+                    "POST /v1/refunds".to_string()
+                ][..]
+            )
+        );
+
+        let service = get("s");
+        assert!(service.authorize(Action::Execute, "POST /x").is_ok());
+        assert_eq!(
+            service.authorize(Action::Reconcile, "POST /x"),
+            Err(AuthError::RoleNotAllowed { role: "service" })
+        );
+        assert!(service.authorize(Action::ReadAudit, "").is_err());
+        let legacy = get("l");
+        assert!(legacy.authorize(Action::Reconcile, "").is_ok());
+        assert!(legacy.authorize(Action::ReadAudit, "").is_ok());
+        assert!(
+            admin
+                .authorize(Action::Execute, "POST /v1/payments/eu")
+                .is_ok()
+        );
+        assert_eq!(
+            admin.authorize(Action::Execute, "POST /v1/orders"),
+            Err(AuthError::EndpointNotAllowed)
+        );
+        assert_eq!(
+            admin.authorize(Action::Reconcile, ""),
+            Err(AuthError::EndpointNotAllowed),
+            "an allow-list forbids listings across every endpoint"
+        );
+    }
+
+    #[test]
+    fn rejects_unknown_roles_and_empty_prefixes() {
+        let err = parse_tokens(
+            Path::new("t"),
+            &format!(
+                "acme {} root
+",
+                hash("a")
+            ),
+        )
+        .expect_err("unknown role");
+        assert!(err.description.contains("unknown role"), "{err}");
+        let err = parse_tokens(
+            Path::new("t"),
+            &format!(
+                "acme {} service POST /a,,
+",
+                hash("a")
+            ),
+        )
+        .expect_err("empty prefix");
+        assert!(err.description.contains("empty"), "{err}");
     }
 }

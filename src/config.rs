@@ -235,7 +235,8 @@ pub struct ServeArgs {
     /// Directory of the embedded store's database file.
     #[arg(long, env = "IDEMD_DATA_DIR", default_value = "./data")]
     pub data_dir: PathBuf,
-    /// Tokens file (`TENANT SHA256_HEX_OF_TOKEN` per line). Without it auth
+    /// Tokens file (`TENANT SHA256_HEX_OF_TOKEN [ROLE [ENDPOINT_PREFIX, ...]]`
+    /// per line, see the `auth` module). Without it auth
     /// is off and the tenant comes from `x-tenant-id`.
     #[arg(long, env = "IDEMD_AUTH_TOKENS")]
     pub auth_tokens: Option<PathBuf>,

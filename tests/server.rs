@@ -360,3 +360,87 @@ async fn reflection_lists_the_service() {
     );
     server.stop().await;
 }
+
+/// Roles and endpoint allow-lists of the tokens file: `PERMISSION_DENIED`
+/// naming the reason, and two-column lines keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_roles_and_endpoint_allow_lists_are_enforced() {
+    let hash = |token: &str| hex::encode(Sha256::digest(token.as_bytes()));
+    let contents = format!(
+        "acme {} service
+acme {} reconciler
+acme {}
+acme {} service POST /v1/pay
+",
+        hash("svc"),
+        hash("rec"),
+        hash("legacy"),
+        hash("narrow"),
+    );
+    let (server, _) = server_with_tokens(&contents).await;
+    let mut client = server.new_client().await;
+    let list = |endpoint: &str| pb::ListPendingRequest {
+        endpoint: endpoint.into(),
+        ..Default::default()
+    };
+    let reason = |status: &tonic::Status| {
+        use tonic_types::StatusExt;
+        status
+            .get_details_error_info()
+            .map(|info| info.reason)
+            .unwrap_or_default()
+    };
+
+    // service: executes, may not list or reconcile.
+    client
+        .claim(with_token("svc", claim(PAYMENTS, "roles-1", 1)))
+        .await
+        .expect("service claims");
+    let status = client
+        .list_pending(with_token("svc", list("")))
+        .await
+        .expect_err("service cannot list");
+    assert_eq!(status.code(), Code::PermissionDenied);
+    assert_eq!(reason(&status), "ROLE_NOT_ALLOWED");
+    let status = client
+        .reconcile(with_token(
+            "svc",
+            pb::ReconcileRequest {
+                endpoint: PAYMENTS.into(),
+                key: "roles-1".into(),
+                verdict: Some(pb::reconcile_request::Verdict::Failed("x".into())),
+            },
+        ))
+        .await
+        .expect_err("service cannot reconcile");
+    assert_eq!(status.code(), Code::PermissionDenied);
+
+    // reconciler and legacy two-column lines: list and reconcile too.
+    for token in ["rec", "legacy"] {
+        client
+            .list_pending(with_token(token, list("")))
+            .await
+            .unwrap_or_else(|status| panic!("{token} lists: {status:?}"));
+        client
+            .claim(with_token(token, claim(PAYMENTS, "roles-1", 1)))
+            .await
+            .unwrap_or_else(|status| panic!("{token} executes: {status:?}"));
+    }
+
+    // An endpoint allow-list: prefixes match, others are refused.
+    client
+        .claim(with_token("narrow", claim(PAYMENTS, "roles-2", 1)))
+        .await
+        .expect("POST /v1/payments starts with POST /v1/pay");
+    let status = client
+        .claim(with_token("narrow", claim("POST /v1/orders", "roles-2", 1)))
+        .await
+        .expect_err("outside the allow-list");
+    assert_eq!(status.code(), Code::PermissionDenied);
+    assert_eq!(reason(&status), "ENDPOINT_NOT_ALLOWED");
+    assert!(
+        !status.message().contains("roles-2"),
+        "no key in the message"
+    );
+    server.stop().await;
+}

@@ -5,6 +5,7 @@ use tonic::{Request, Response, Status};
 
 use super::{IdempotencyService, duration, status, timestamp};
 use crate::audit::AuditEvent;
+use crate::auth::Action;
 use crate::engine::AuditRequest;
 use crate::proto::v1 as pb;
 
@@ -37,7 +38,7 @@ impl pb::audit_server::Audit for IdempotencyService {
         &self,
         request: Request<pb::ListAuditEventsRequest>,
     ) -> Result<Response<pb::ListAuditEventsResponse>, Status> {
-        let tenant = self.tenant(&request)?;
+        let tenant = self.tenant(&request, Action::ReadAudit)?;
         let request = request.into_inner();
         let (events, next) = self
             .engine

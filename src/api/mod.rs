@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 
-use crate::auth::Authenticator;
+use crate::auth::{Action, Authenticator};
 use crate::engine::{
     ClaimInput, ClaimOutcome, Disposition, Engine, EngineError, FingerprintInput, Lease,
     PendingInput, PreconditionReason, Verdict, validate,
@@ -45,14 +45,23 @@ impl IdempotencyService {
         }
     }
 
-    fn tenant<T>(&self, request: &Request<T>) -> Result<String, Status> {
-        let tenant = self
+    /// Authenticates the caller and checks that its role and endpoint
+    /// allow-list permit `action` on the request's endpoint; returns the
+    /// tenant.
+    fn tenant<T: HasEndpoint>(
+        &self,
+        request: &Request<T>,
+        action: Action,
+    ) -> Result<String, Status> {
+        let caller = self
             .auth
             .authenticate(request.metadata())
-            .map(|tenant| tenant.0)
             .map_err(status::auth_status)?;
-        crate::telemetry::annotate(&[("idemd.tenant", &tenant)]);
-        Ok(tenant)
+        crate::telemetry::annotate(&[("idemd.tenant", &caller.tenant)]);
+        caller
+            .authorize(action, request.get_ref().endpoint())
+            .map_err(status::auth_status)?;
+        Ok(caller.tenant)
     }
 
     /// Metric labels for a call; malformed endpoints share one value.
@@ -84,6 +93,34 @@ impl IdempotencyService {
         }
     }
 }
+
+/// Request messages name the endpoint they act on (or filter by); that is
+/// what a token's endpoint allow-list is checked against.
+pub trait HasEndpoint {
+    /// The endpoint, or empty for "all endpoints".
+    fn endpoint(&self) -> &str;
+}
+
+macro_rules! has_endpoint {
+    ($($message:ty),*) => {
+        $(impl HasEndpoint for $message {
+            fn endpoint(&self) -> &str {
+                &self.endpoint
+            }
+        })*
+    };
+}
+
+has_endpoint!(
+    pb::ClaimRequest,
+    pb::CompleteRequest,
+    pb::FailRequest,
+    pb::ExtendLeaseRequest,
+    pb::LookupRequest,
+    pb::ListPendingRequest,
+    pb::ReconcileRequest,
+    pb::ListAuditEventsRequest
+);
 
 /// Whether an error means the caller's request was refused as invalid.
 fn is_rejection(error: &EngineError) -> bool {
@@ -249,7 +286,7 @@ impl pb::idempotency_server::Idempotency for IdempotencyService {
         &self,
         request: Request<pb::ClaimRequest>,
     ) -> Result<Response<pb::ClaimResponse>, Status> {
-        let tenant = match self.tenant(&request) {
+        let tenant = match self.tenant(&request, Action::Execute) {
             Ok(tenant) => tenant,
             Err(status) => {
                 self.count_claim(
@@ -304,7 +341,7 @@ impl pb::idempotency_server::Idempotency for IdempotencyService {
         &self,
         request: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::CompleteResponse>, Status> {
-        let tenant = self.tenant(&request)?;
+        let tenant = self.tenant(&request, Action::Execute)?;
         let request = request.into_inner();
         if request.response.is_none() {
             return Err(status::invalid_field("response", "is required"));
@@ -338,7 +375,7 @@ impl pb::idempotency_server::Idempotency for IdempotencyService {
         &self,
         request: Request<pb::FailRequest>,
     ) -> Result<Response<pb::FailResponse>, Status> {
-        let tenant = self.tenant(&request)?;
+        let tenant = self.tenant(&request, Action::Execute)?;
         let request = request.into_inner();
         let disposition = match pb::Disposition::try_from(request.disposition) {
             Ok(pb::Disposition::Release) => Some(Disposition::Release),
@@ -375,7 +412,7 @@ impl pb::idempotency_server::Idempotency for IdempotencyService {
         &self,
         request: Request<pb::ExtendLeaseRequest>,
     ) -> Result<Response<pb::ExtendLeaseResponse>, Status> {
-        let tenant = self.tenant(&request)?;
+        let tenant = self.tenant(&request, Action::Execute)?;
         let request = request.into_inner();
         let lease_expires_at_ms = self
             .engine
@@ -400,7 +437,7 @@ impl pb::idempotency_server::Idempotency for IdempotencyService {
         &self,
         request: Request<pb::LookupRequest>,
     ) -> Result<Response<pb::LookupResponse>, Status> {
-        let tenant = self.tenant(&request)?;
+        let tenant = self.tenant(&request, Action::Execute)?;
         let request = request.into_inner();
         let record = self
             .engine
@@ -416,7 +453,7 @@ impl pb::idempotency_server::Idempotency for IdempotencyService {
         &self,
         request: Request<pb::ListPendingRequest>,
     ) -> Result<Response<pb::ListPendingResponse>, Status> {
-        let tenant = self.tenant(&request)?;
+        let tenant = self.tenant(&request, Action::Reconcile)?;
         let request = request.into_inner();
         let page_token = if request.page_token.is_empty() {
             None
@@ -453,7 +490,7 @@ impl pb::idempotency_server::Idempotency for IdempotencyService {
         request: Request<pb::ReconcileRequest>,
     ) -> Result<Response<pb::ReconcileResponse>, Status> {
         use pb::reconcile_request::Verdict as PbVerdict;
-        let tenant = self.tenant(&request)?;
+        let tenant = self.tenant(&request, Action::Reconcile)?;
         let request = request.into_inner();
         let verdict = request.verdict.map(|verdict| match verdict {
             PbVerdict::Committed(response) => Verdict::Committed(response_from_pb(Some(response))),

@@ -11,6 +11,8 @@
 //! | store `Uncertain`       | `UNAVAILABLE`         | ErrorInfo `OUTCOME_UNKNOWN`              |
 //! | store `Corrupt`         | `DATA_LOSS`           |                                          |
 //! | store `Closed`          | `UNAVAILABLE`         | shutting down                            |
+//! | auth: no/unknown token  | `UNAUTHENTICATED`     |                                          |
+//! | auth: role or endpoint  | `PERMISSION_DENIED`   | ErrorInfo `ROLE_NOT_ALLOWED` / `ENDPOINT_NOT_ALLOWED` |
 
 use std::collections::HashMap;
 
@@ -92,6 +94,16 @@ pub fn auth_status(error: AuthError) -> Status {
         AuthError::BadTenantHeader(description) => {
             bad_request(Code::InvalidArgument, "x-tenant-id", &description)
         }
+        AuthError::RoleNotAllowed { .. } => error_info(
+            Code::PermissionDenied,
+            error.to_string(),
+            "ROLE_NOT_ALLOWED",
+        ),
+        AuthError::EndpointNotAllowed => error_info(
+            Code::PermissionDenied,
+            error.to_string(),
+            "ENDPOINT_NOT_ALLOWED",
+        ),
     }
 }
 
