@@ -57,8 +57,8 @@ fn env_set(name: &str) -> bool {
 /// Installs the OTLP exporter when the environment asks for one. Must run
 /// inside the tokio runtime (the gRPC exporter's channel lives on it).
 pub fn init_from_env() -> Result<Option<TelemetryGuard>, String> {
-    let wanted = env_set("OTEL_EXPORTER_OTLP_ENDPOINT")
-        || env_set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
+    let wanted =
+        env_set("OTEL_EXPORTER_OTLP_ENDPOINT") || env_set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
     let disabled = std::env::var("OTEL_SDK_DISABLED")
         .is_ok_and(|value| value.trim().eq_ignore_ascii_case("true"));
     if !wanted || disabled {

@@ -163,16 +163,26 @@ async fn rpc_spans_continue_the_callers_trace_and_nest_store_spans() {
         .find(|(_, s)| s.name == "idemd.v1.Idempotency/Claim")
         .expect("claim span");
     assert_eq!(service, "idemd", "service.name defaults to idemd");
-    assert_eq!(hex::encode(&claim_span.trace_id), trace_id, "caller's trace");
+    assert_eq!(
+        hex::encode(&claim_span.trace_id),
+        trace_id,
+        "caller's trace"
+    );
     assert_eq!(
         hex::encode(&claim_span.parent_span_id),
         caller_span,
         "child of the caller's span"
     );
     assert_eq!(claim_span.kind, 2, "SPAN_KIND_SERVER");
-    assert_eq!(attribute(claim_span, "rpc.method").as_deref(), Some("Claim"));
+    assert_eq!(
+        attribute(claim_span, "rpc.method").as_deref(),
+        Some("Claim")
+    );
     assert_eq!(attribute(claim_span, "rpc.system").as_deref(), Some("grpc"));
-    assert_eq!(attribute(claim_span, "idemd.tenant").as_deref(), Some("acme"));
+    assert_eq!(
+        attribute(claim_span, "idemd.tenant").as_deref(),
+        Some("acme")
+    );
     assert_eq!(
         attribute(claim_span, "idemd.endpoint").as_deref(),
         Some(PAYMENTS)
