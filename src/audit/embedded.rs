@@ -100,6 +100,17 @@ fn with_time(prefix: &[u8], cursor: AuditCursor) -> Vec<u8> {
     key
 }
 
+/// The event's entries in `by_tenant` and `by_key`.
+fn index_keys(event: &AuditEvent) -> (Vec<u8>, Vec<u8>) {
+    (
+        with_time(&tenant_prefix(&event.tenant), event.cursor()),
+        with_time(
+            &key_prefix(&event.tenant, &event.endpoint, &event.key_sha256),
+            event.cursor(),
+        ),
+    )
+}
+
 impl EmbeddedAuditLog {
     /// Opens (creating if needed) `audit.redb` in `data_dir`.
     pub fn open(data_dir: &Path, retention: Duration) -> Result<Self, StoreError> {
@@ -207,21 +218,12 @@ fn append_all<'a>(
             table
                 .insert(time.as_slice(), json.as_slice())
                 .map_err(|e| storage_error("insert", e))?;
+            let (tenant_entry, key_entry) = index_keys(event);
             by_tenant
-                .insert(
-                    with_time(&tenant_prefix(&event.tenant), event.cursor()).as_slice(),
-                    (),
-                )
+                .insert(tenant_entry.as_slice(), ())
                 .map_err(|e| storage_error("insert", e))?;
             by_key
-                .insert(
-                    with_time(
-                        &key_prefix(&event.tenant, &event.endpoint, &event.key_sha256),
-                        event.cursor(),
-                    )
-                    .as_slice(),
-                    (),
-                )
+                .insert(key_entry.as_slice(), ())
                 .map_err(|e| storage_error("insert", e))?;
         }
     }
@@ -264,17 +266,12 @@ fn sweep(database: &Database, cutoff_ms: i64, batch: usize) -> Result<usize, Sto
             table
                 .remove(time.as_slice())
                 .map_err(|e| storage_error("remove", e))?;
+            let (tenant_entry, key_entry) = index_keys(event);
             by_tenant
-                .remove(with_time(&tenant_prefix(&event.tenant), event.cursor()).as_slice())
+                .remove(tenant_entry.as_slice())
                 .map_err(|e| storage_error("remove", e))?;
             by_key
-                .remove(
-                    with_time(
-                        &key_prefix(&event.tenant, &event.endpoint, &event.key_sha256),
-                        event.cursor(),
-                    )
-                    .as_slice(),
-                )
+                .remove(key_entry.as_slice())
                 .map_err(|e| storage_error("remove", e))?;
         }
         removed = doomed.len();
