@@ -8,7 +8,7 @@ TARGET_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target))
 IDEMD_BIN ?= $(TARGET_DIR)/debug/idemd
 SDKS := python go typescript java
 
-.PHONY: all build release test fmt-check clippy cargo-test cql-test observability-test helm-test sdk-test $(addprefix sdk-,$(SDKS)) run clean
+.PHONY: all build release test fmt-check clippy cargo-test cql-test observability-test helm-test sdk-test $(addprefix sdk-,$(SDKS)) bench bench-smoke bench-soak run clean
 
 all: build
 
@@ -53,6 +53,36 @@ sdk-test: $(addprefix sdk-,$(SDKS))
 
 $(addprefix sdk-,$(SDKS)): build
 	IDEMD_BIN=$(IDEMD_BIN) IDEMD_METRICS_LISTEN=off clients/$(@:sdk-%=%)/test.sh
+
+## bench: the comparison of issue 7 (docs/benchmarks.md): idemd against a
+## no-op gRPC server, Postgres and Redis (Debian packages, installed when
+## missing) and raw CQL LWTs on a local Cassandra; 3 runs round-robin,
+## medians, ratios for P1-P5; writes bench/results/<time>.{md,json,png}.
+BENCH_ARGS ?= --runs 3 --pin
+bench:
+	$(CARGO) build --release -p idemd -p idemd-bench
+	bench/scripts/postgres.sh >/dev/null
+	bench/scripts/redis.sh >/dev/null
+	scripts/with-cassandra.sh -- $(TARGET_DIR)/release/idemd-bench compare \
+		--require-cql --out-dir bench/results $(BENCH_ARGS)
+
+## bench-smoke: builds the bench and runs a few seconds of idemd-embedded and
+## the no-op server (fresh, conflict); fails on any error or on a key with
+## two winners. No installs, no Cassandra; results go to $(TARGET_DIR).
+bench-smoke:
+	$(CARGO) build -p idemd -p idemd-bench
+	$(TARGET_DIR)/debug/idemd-bench compare --systems noop,idemd-embedded \
+		--workloads fresh,conflict --runs 1 --duration 3s --warmup 1s \
+		--p5-inflight 0 --no-open-loop --idemd-bin $(TARGET_DIR)/debug/idemd \
+		--out-dir $(TARGET_DIR)/bench-smoke
+
+## bench-soak: P5's soak: idemd-embedded, mixed workload, open loop at 50% of
+## the measured maximum for $(SOAK); fails on errors or RSS growth.
+SOAK ?= 10m
+bench-soak:
+	$(CARGO) build --release -p idemd -p idemd-bench
+	$(TARGET_DIR)/release/idemd-bench soak --pin --soak $(SOAK) \
+		--json $(TARGET_DIR)/bench-soak.json
 
 run:
 	$(CARGO) run --release

@@ -1,0 +1,97 @@
+//! `idemd-bench`: the benchmark suite of issue 7. idemd against a no-op gRPC
+//! server of the same proto, Postgres-direct, Redis-direct and the raw CQL
+//! driver's LWTs, run side by side by one command so that every claim is a
+//! ratio measured in one run on the same (noisy, shared) machine.
+//!
+//! ```text
+//! idemd-bench run --system idemd-embedded --workload fresh [--rate R] [--json out.json]
+//! idemd-bench compare [--runs 3] [--pin] [--out-dir bench/results]
+//! idemd-bench soak [--soak 10m] [--load-fraction 0.5]
+//! idemd-bench noop-server --listen 127.0.0.1:0
+//! ```
+//!
+//! See `docs/benchmarks.md` for what each figure means and the latest
+//! results.
+
+mod chart;
+mod load;
+mod noop;
+mod report;
+mod servers;
+mod suite;
+mod systems;
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "idemd-bench",
+    about = "Benchmark suite: idemd vs no-op gRPC, Postgres, Redis and raw CQL LWTs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// One system, one workload; prints the result (and writes JSON).
+    Run(suite::RunArgs),
+    /// Every system and workload, repeated; writes .md, .json and .png.
+    Compare(suite::CompareArgs),
+    /// A long open-loop run at a fraction of the measured maximum, watching
+    /// RSS and errors over time.
+    Soak(suite::SoakArgs),
+    /// Serves the no-op baseline (canned responses); prints its address.
+    NoopServer {
+        /// Address to listen on (port 0 picks a free one).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let pin = match &cli.command {
+        Command::Run(args) => args.common.pin,
+        Command::Compare(args) => args.common.pin,
+        Command::Soak(args) => args.common.pin,
+        Command::NoopServer { .. } => false,
+    };
+    // Before the runtime exists, so that every thread it starts inherits
+    // the client core.
+    if pin && let Err(error) = servers::pin_self() {
+        eprintln!("idemd-bench: {error:#}");
+        return ExitCode::FAILURE;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("idemd-bench: cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Run(args) => suite::run(args).await,
+            Command::Compare(args) => suite::compare(args).await,
+            Command::Soak(args) => suite::soak(args).await,
+            Command::NoopServer { listen } => noop::serve(listen).await.map(|()| true),
+        }
+    });
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("idemd-bench: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
