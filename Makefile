@@ -8,7 +8,7 @@ TARGET_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target))
 IDEMD_BIN ?= $(TARGET_DIR)/debug/idemd
 SDKS := python go typescript java
 
-.PHONY: all build release test fmt-check clippy cargo-test cql-test observability-test helm-test sdk-test $(addprefix sdk-,$(SDKS)) bench bench-smoke bench-soak run clean
+.PHONY: all build release test fmt-check clippy cargo-test cql-test observability-test helm-test sdk-test $(addprefix sdk-,$(SDKS)) fuzz-smoke deny bench bench-smoke bench-soak run clean
 
 all: build
 
@@ -53,6 +53,16 @@ sdk-test: $(addprefix sdk-,$(SDKS))
 
 $(addprefix sdk-,$(SDKS)): build
 	IDEMD_BIN=$(IDEMD_BIN) IDEMD_METRICS_LISTEN=off clients/$(@:sdk-%=%)/test.sh
+
+## fuzz-smoke: every fuzz target (fuzz/, cargo-fuzz + libFuzzer) for a short
+## interval from its seed corpus; fails on any crash, timeout or OOM.
+FUZZ_SMOKE_SECONDS ?= 20
+fuzz-smoke:
+	fuzz/run.sh $(FUZZ_SMOKE_SECONDS)
+
+## deny: cargo deny check licenses bans sources (deny.toml; offline-capable).
+deny:
+	scripts/deny.sh
 
 ## bench: the comparison of issue 7 (docs/benchmarks.md): idemd against a
 ## no-op gRPC server, Postgres and Redis (Debian packages, installed when
