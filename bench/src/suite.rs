@@ -111,6 +111,12 @@ pub struct Common {
     /// CQL contact points (Cassandra started by scripts/cassandra.sh).
     #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:9042")]
     pub cql_nodes: Vec<String>,
+    /// Operations in flight for the two CQL systems (raw-lwt, idemd-cql):
+    /// one Cassandra node on a shared 2-core machine times out Paxos rounds
+    /// well before 64 in flight, which would measure timeouts, not
+    /// throughput. Both get the same value, so P4 stays like for like.
+    #[arg(long, default_value_t = 16)]
+    pub cql_concurrency: usize,
     /// Workers racing for each key in `conflict`.
     #[arg(long, default_value_t = 16)]
     pub conflict_group: usize,
@@ -141,7 +147,11 @@ impl Common {
     fn spec(&self, workload: Workload, system: &Running) -> LoadSpec {
         LoadSpec {
             workload,
-            concurrency: self.concurrency,
+            concurrency: if system.kind.needs_cql() {
+                self.cql_concurrency
+            } else {
+                self.concurrency
+            },
             duration: self.duration,
             warmup: self.warmup,
             rate: None,
@@ -297,7 +307,7 @@ async fn start_system(kind: SystemKind, common: &Common) -> Result<Running> {
             Ok(Running {
                 kind,
                 server: None,
-                client: Arc::new(Client::Lwt(client)),
+                client: Arc::new(Client::Lwt(Box::new(client))),
                 grpc: None,
                 sample: cassandra(),
                 connections: 1,
@@ -368,6 +378,7 @@ pub async fn run(args: RunArgs) -> Result<bool> {
     };
     let mut spec = args.common.spec(args.workload, &system);
     spec.rate = args.rate;
+    let concurrency = spec.concurrency;
     let result = load::run(Arc::clone(&system.client), &spec).await;
     let connections = system.connections;
     stop_all(vec![system]).await;
@@ -377,7 +388,7 @@ pub async fn run(args: RunArgs) -> Result<bool> {
         args.workload,
         0,
         args.rate,
-        args.common.concurrency,
+        concurrency,
         connections,
         &result,
     );
@@ -476,8 +487,8 @@ pub async fn compare(args: CompareArgs) -> Result<bool> {
         (
             "load".to_string(),
             format!(
-                "closed loop, {} operations in flight for every system; {} gRPC connections (idemd, no-op), {} connections (Postgres, Redis), one driver session (raw LWT)",
-                common.concurrency, common.connections, common.db_connections
+                "closed loop, {} operations in flight for every system except the CQL pair ({} in flight for raw-lwt and idemd-cql alike: one Cassandra node times Paxos rounds out beyond that); {} gRPC connections (idemd, no-op), {} connections (Postgres, Redis), one driver session (raw LWT)",
+                common.concurrency, common.cql_concurrency, common.connections, common.db_connections
             ),
         ),
         (
@@ -541,12 +552,17 @@ pub async fn compare(args: CompareArgs) -> Result<bool> {
     )?;
     println!("{markdown}");
     eprintln!("idemd-bench: wrote {}.{{md,json,png}}", base.display());
-    let clean = report
-        .measurements
-        .iter()
-        .all(|m| m.errors + m.errors_outside_window == 0 && m.violations == 0);
+    // A baseline's own errors (Cassandra timing out Paxos rounds under
+    // load) are reported in the tables but do not fail the run; a violation
+    // anywhere, or an error from idemd or the no-op server, does.
+    let clean = report.measurements.iter().all(|m| {
+        let ours = m.system.starts_with("idemd") || m.system == "noop";
+        m.violations == 0 && (!ours || m.errors + m.errors_outside_window == 0)
+    });
     if !clean {
-        eprintln!("idemd-bench: FAILED: some runs saw errors or exactly-one-winner violations");
+        eprintln!(
+            "idemd-bench: FAILED: idemd or the no-op server saw errors, or a key had two winners"
+        );
     }
     Ok(clean)
 }
@@ -572,7 +588,7 @@ async fn measure_all(
                     workload,
                     run,
                     None,
-                    common.concurrency,
+                    spec.concurrency,
                     system.connections,
                     &result,
                 );
@@ -607,7 +623,7 @@ async fn measure_all(
                     Workload::Replay,
                     run,
                     Some(rate),
-                    common.concurrency,
+                    spec.concurrency,
                     system.connections,
                     &result,
                 );

@@ -60,7 +60,7 @@ pub enum Client {
     /// Redis, SET NX / SET XX.
     Redis(Redis),
     /// idemd's LWT statements issued directly with the scylla driver.
-    Lwt(Lwt),
+    Lwt(Box<Lwt>),
 }
 
 impl Client {
