@@ -272,6 +272,70 @@ pub struct ServeArgs {
     /// independently of the keys' ttl.
     #[arg(long, env = "IDEMD_AUDIT_RETENTION", default_value = "30d", value_parser = humantime::parse_duration)]
     pub audit_retention: Duration,
+    /// PEM certificate chain of the gRPC port: turns TLS on (with
+    /// `--tls-key`). Reloaded when the file changes.
+    #[arg(long, env = "IDEMD_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `--tls-cert`.
+    #[arg(long, env = "IDEMD_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA bundle: requires and verifies client certificates (mTLS).
+    #[arg(long, env = "IDEMD_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// With mTLS: file mapping client-certificate SANs (SPIFFE URI or DNS
+    /// name) to tenants and roles (see `docs/security.md`).
+    #[arg(long, env = "IDEMD_TLS_CLIENT_TENANTS", requires = "tls_client_ca")]
+    pub tls_client_tenants: Option<PathBuf>,
+    /// Keyring file for encryption at rest of stored responses (AES-256-GCM;
+    /// `KEY_ID BASE64_32_BYTES` per line, the last line encrypts). Without
+    /// it responses are stored in clear.
+    #[arg(long, env = "IDEMD_ENCRYPTION_KEYS")]
+    pub encryption_keys: Option<PathBuf>,
+    /// New keys (Claims that create a record) per second per tenant; 0
+    /// disables the limit.
+    #[arg(long, env = "IDEMD_CLAIM_RATE", default_value_t = 10_000.0)]
+    pub claim_rate: f64,
+    /// Burst of new keys per tenant above `--claim-rate`.
+    #[arg(long, env = "IDEMD_CLAIM_BURST", default_value_t = 20_000)]
+    pub claim_burst: u32,
+    /// RPCs in progress at once before new ones are shed with
+    /// RESOURCE_EXHAUSTED; 0 disables the limit.
+    #[arg(long, env = "IDEMD_MAX_IN_FLIGHT", default_value_t = 10_000)]
+    pub max_in_flight: usize,
+}
+
+/// TLS of the gRPC port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// PEM certificate chain.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+    /// CA bundle for client certificates (mTLS); `None` = server TLS only.
+    pub client_ca: Option<PathBuf>,
+    /// SAN → tenant mapping for mTLS callers.
+    pub client_tenants: Option<PathBuf>,
+}
+
+/// Admission limits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LimitSettings {
+    /// New keys per second per tenant; 0 = unlimited.
+    pub claim_rate: f64,
+    /// Bucket size of the per-tenant new-key limit.
+    pub claim_burst: u32,
+    /// RPCs in progress before shedding; 0 = unlimited.
+    pub max_in_flight: usize,
+}
+
+impl Default for LimitSettings {
+    fn default() -> Self {
+        Self {
+            claim_rate: 10_000.0,
+            claim_burst: 20_000,
+            max_in_flight: 10_000,
+        }
+    }
 }
 
 /// A configuration problem, naming the field.
@@ -331,6 +395,12 @@ pub struct Settings {
     pub metrics_label_caps: (usize, usize),
     /// How long audit events are kept.
     pub audit_retention: Duration,
+    /// TLS of the gRPC port; `None` = plaintext.
+    pub tls: Option<TlsSettings>,
+    /// Keyring for encryption at rest; `None` = responses stored in clear.
+    pub encryption_keys: Option<PathBuf>,
+    /// Rate and concurrency limits.
+    pub limits: LimitSettings,
 }
 
 impl Settings {
@@ -350,6 +420,9 @@ impl Settings {
             metrics_listen: None,
             metrics_label_caps: (100, 100),
             audit_retention: crate::audit::DEFAULT_RETENTION,
+            tls: None,
+            encryption_keys: None,
+            limits: LimitSettings::default(),
         }
     }
 
@@ -389,6 +462,21 @@ impl Settings {
             },
             metrics_label_caps: (args.metrics_max_tenants, args.metrics_max_endpoints),
             audit_retention: args.audit_retention,
+            tls: match (&args.tls_cert, &args.tls_key) {
+                (Some(cert), Some(key)) => Some(TlsSettings {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: args.tls_client_ca.clone(),
+                    client_tenants: args.tls_client_tenants.clone(),
+                }),
+                _ => None,
+            },
+            encryption_keys: args.encryption_keys.clone(),
+            limits: LimitSettings {
+                claim_rate: args.claim_rate,
+                claim_burst: args.claim_burst,
+                max_in_flight: args.max_in_flight,
+            },
         };
         settings.validate()?;
         Ok(settings)
@@ -404,6 +492,18 @@ impl Settings {
         }
         if self.audit_retention < Duration::from_secs(1) {
             return Err(ConfigError::new("audit_retention", "must be at least 1s"));
+        }
+        if !self.limits.claim_rate.is_finite() || self.limits.claim_rate < 0.0 {
+            return Err(ConfigError::new(
+                "claim_rate",
+                "must be a non-negative number (0 disables the limit)",
+            ));
+        }
+        if self.limits.claim_rate > 0.0 && self.limits.claim_burst == 0 {
+            return Err(ConfigError::new(
+                "claim_burst",
+                "must be at least 1 when claim_rate is set",
+            ));
         }
         validate_policy("defaults", &self.policies.default)?;
         for (endpoint, policy) in &self.policies.endpoints {
