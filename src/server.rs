@@ -75,6 +75,9 @@ pub enum ServerError {
     /// A background task panicked.
     #[error("server task failed: {0}")]
     Task(String),
+    /// A setting this build cannot honour.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// The engine once the store is open; Idempotency RPCs before that are
@@ -233,6 +236,18 @@ pub async fn start_with_store<F>(
 where
     F: std::future::Future<Output = Result<Arc<dyn Store>, ServerError>> + Send + 'static,
 {
+    // Refuse settings this build cannot honour rather than serve without
+    // the protection the operator asked for.
+    if settings.tls.is_some() {
+        return Err(ServerError::Unsupported(
+            "--tls-cert: TLS is not available in this build".to_string(),
+        ));
+    }
+    if settings.encryption_keys.is_some() {
+        return Err(ServerError::Unsupported(
+            "--encryption-keys: encryption at rest is not available in this build".to_string(),
+        ));
+    }
     if let Some(address) = settings.metrics_listen {
         // Metrics are secondary to serving: a busy metrics port is logged
         // loudly, not fatal.
