@@ -51,10 +51,14 @@ mkdir -p "$WORK"
 cd "$FUZZ_DIR"
 # Release with debug assertions (integer overflow panics), AddressSanitizer.
 BUILD_FLAGS=(--release --debug-assertions --sanitizer address --target-dir "$TARGET_DIR")
-echo "==> building fuzz targets: ${TARGETS[*]}"
-if [ $# -eq 0 ]; then
+BIN_DIR="$TARGET_DIR/x86_64-unknown-linux-gnu/release"
+if [ "${IDEMD_FUZZ_NO_BUILD:-0}" = 1 ]; then
+  echo "==> IDEMD_FUZZ_NO_BUILD=1: running the binaries already in $BIN_DIR"
+elif [ $# -eq 0 ]; then
+  echo "==> building fuzz targets: ${TARGETS[*]}"
   cargo fuzz build "${BUILD_FLAGS[@]}"
 else
+  echo "==> building fuzz targets: ${TARGETS[*]}"
   for target in "${TARGETS[@]}"; do
     cargo fuzz build "${BUILD_FLAGS[@]}" "$target"
   done
@@ -69,9 +73,11 @@ for target in "${TARGETS[@]}"; do
   mkdir -p "$corpus" "$artifacts" "$(dirname "$log")"
   echo "==> fuzzing $target for ${SECONDS_PER_TARGET}s (log: $log)"
   status=0
-  # New inputs go to the first corpus directory (work/), seeds are read
-  # from fuzz/corpus/<target>.
-  cargo fuzz run "${BUILD_FLAGS[@]}" "$target" "$corpus" "$FUZZ_DIR/corpus/$target" -- \
+  # The binary cargo-fuzz built, run directly (as `cargo fuzz run` does,
+  # without its rebuild). New inputs go to the first corpus directory
+  # (work/), seeds are read from fuzz/corpus/<target>.
+  ASAN_OPTIONS="${ASAN_OPTIONS:-detect_odr_violation=0}" \
+    "$BIN_DIR/$target" "$corpus" "$FUZZ_DIR/corpus/$target" \
     -max_total_time="$SECONDS_PER_TARGET" \
     -timeout="${IDEMD_FUZZ_TIMEOUT:-10}" \
     -rss_limit_mb="${IDEMD_FUZZ_RSS_MB:-2048}" \

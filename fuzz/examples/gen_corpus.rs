@@ -24,7 +24,13 @@ fn dir(root: &Path, target: &str) -> PathBuf {
 
 fn file_name(name: &str) -> String {
     name.chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
         .collect::<String>()
         .split('-')
         .filter(|s| !s.is_empty())
@@ -46,7 +52,8 @@ struct Vector {
 }
 
 fn vectors(repo: &Path) -> Vec<Vector> {
-    let text = fs::read_to_string(repo.join("proto/testdata/fingerprint-v1.json")).expect("vectors");
+    let text =
+        fs::read_to_string(repo.join("proto/testdata/fingerprint-v1.json")).expect("vectors");
     let json: serde_json::Value = serde_json::from_str(&text).expect("vectors JSON");
     json["vectors"]
         .as_array()
@@ -66,7 +73,11 @@ fn vectors(repo: &Path) -> Vec<Vector> {
                 body,
                 ignore_fields: v["ignore_fields"]
                     .as_array()
-                    .map(|a| a.iter().filter_map(|p| p.as_str().map(str::to_string)).collect())
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|p| p.as_str().map(str::to_string))
+                            .collect()
+                    })
                     .unwrap_or_default(),
             }
         })
@@ -165,7 +176,11 @@ fn main() {
     }
     for v in &vectors {
         if !v.ignore_fields.is_empty() {
-            write(&out, &format!("pointers {}", v.name), v.ignore_fields.join("\n").as_bytes());
+            write(
+                &out,
+                &format!("pointers {}", v.name),
+                v.ignore_fields.join("\n").as_bytes(),
+            );
         }
     }
 
@@ -260,12 +275,23 @@ fn main() {
         },
     );
     for (name, verdict) in [
-        ("reconcile committed", pb::reconcile_request::Verdict::Committed(response())),
-        ("reconcile released", pb::reconcile_request::Verdict::Released(pb::Released {})),
-        ("reconcile failed", pb::reconcile_request::Verdict::Failed("card declined".into())),
+        (
+            "reconcile committed",
+            pb::reconcile_request::Verdict::Committed(response()),
+        ),
+        (
+            "reconcile released",
+            pb::reconcile_request::Verdict::Released(pb::Released {}),
+        ),
+        (
+            "reconcile failed",
+            pb::reconcile_request::Verdict::Failed("card declined".into()),
+        ),
         (
             "reconcile takeover",
-            pb::reconcile_request::Verdict::Takeover(pb::Takeover { lease: duration(10_000) }),
+            pb::reconcile_request::Verdict::Takeover(pb::Takeover {
+                lease: duration(10_000),
+            }),
         ),
     ] {
         request(
@@ -313,7 +339,11 @@ fn main() {
     }
     write(&out, "record key", &codec::record_key(&record.id));
     write(&out, "expiry key", &codec::expiry_key(40, &record.id));
-    write(&out, "pending position", &codec::pending_position(-5, &record.id));
+    write(
+        &out,
+        "pending position",
+        &codec::pending_position(-5, &record.id),
+    );
 
     println!("wrote seed corpora under {}", fuzz.join("corpus").display());
 }

@@ -32,7 +32,11 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(value) = canonical_json::parse(body) {
         let out = canonical_json::serialize(&value);
         let again = canonical_json::parse(&out).expect("canonical output must parse");
-        assert_eq!(canonical_json::serialize(&again), out, "canonical form is not a fixed point");
+        assert_eq!(
+            canonical_json::serialize(&again),
+            out,
+            "canonical form is not a fixed point"
+        );
     }
 
     if let (Ok(canonical), Ok(digest)) = (&canonical, &digest) {
@@ -50,7 +54,10 @@ fuzz_target!(|data: &[u8]| {
             &[],
         )
         .expect("canonical body must fingerprint");
-        assert_eq!(&of_canonical, digest, "fingerprint differs from its canonical form's");
+        assert_eq!(
+            &of_canonical, digest,
+            "fingerprint differs from its canonical form's"
+        );
     }
 
     // Not JSON: the body is hashed as sent (pointers are still validated).

@@ -21,9 +21,14 @@ fuzz_target!(|data: &[u8]| {
     // Record values (protobuf).
     if let Ok(record) = codec::decode_record(id.clone(), data) {
         let encoded = codec::encode_record(&record);
-        let again = codec::decode_record(id.clone(), &encoded).expect("re-encoded record must decode");
+        let again =
+            codec::decode_record(id.clone(), &encoded).expect("re-encoded record must decode");
         assert_eq!(again, record, "decode(encode(decode(x))) != decode(x)");
-        assert_eq!(codec::encode_record(&again), encoded, "record encoding is not stable");
+        assert_eq!(
+            codec::encode_record(&again),
+            encoded,
+            "record encoding is not stable"
+        );
         if let Some(response) = &record.response {
             let bytes = codec::encode_response(response);
             assert_eq!(codec::decode_response(&bytes).as_ref(), Ok(response));
@@ -38,15 +43,27 @@ fuzz_target!(|data: &[u8]| {
 
     // Keys: canonical, so the input itself comes back.
     if let Ok(key) = codec::decode_record_key(data) {
-        assert_eq!(codec::record_key(&key), data, "record key does not round-trip");
+        assert_eq!(
+            codec::record_key(&key),
+            data,
+            "record key does not round-trip"
+        );
     }
     if let Ok((instant, key)) = codec::decode_expiry_key(data) {
-        assert_eq!(codec::expiry_key(instant, &key), data, "expiry key does not round-trip");
+        assert_eq!(
+            codec::expiry_key(instant, &key),
+            data,
+            "expiry key does not round-trip"
+        );
         assert_eq!(codec::encode_instant(instant).as_slice(), &data[..8]);
     }
     if let Ok((since, key)) = codec::decode_pending_position("tenant-a", data) {
         assert_eq!(key.tenant, "tenant-a");
-        assert_eq!(codec::pending_position(since, &key), data, "pending position does not round-trip");
+        assert_eq!(
+            codec::pending_position(since, &key),
+            data,
+            "pending position does not round-trip"
+        );
         let full = codec::pending_key(since, &key);
         assert!(full.starts_with(&codec::pending_tenant_prefix("tenant-a")));
     }

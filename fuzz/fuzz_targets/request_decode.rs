@@ -53,7 +53,8 @@ fn claim(request: pb::ClaimRequest) {
     match request.fingerprint {
         Some(pb::claim_request::Fingerprint::Request(http)) => {
             // As Engine::compute_fingerprint (private).
-            if http.method.trim().is_empty() || !http.method.bytes().all(|b| b.is_ascii_alphabetic())
+            if http.method.trim().is_empty()
+                || !http.method.bytes().all(|b| b.is_ascii_alphabetic())
             {
                 return;
             }
@@ -93,7 +94,11 @@ fn list_pending(request: pb::ListPendingRequest) {
         return;
     };
     if let Ok((since, id)) = codec::decode_pending_position("tenant", &bytes) {
-        assert_eq!(codec::pending_position(since, &id), bytes, "page token does not round-trip");
+        assert_eq!(
+            codec::pending_position(since, &id),
+            bytes,
+            "page token does not round-trip"
+        );
     }
 }
 
@@ -162,12 +167,17 @@ fuzz_target!(|data: &[u8]| {
                 use pb::reconcile_request::Verdict;
                 let _ = identity(&request.endpoint, &request.key);
                 match request.verdict {
-                    Some(Verdict::Committed(response)) => check_response("committed", Some(response)),
+                    Some(Verdict::Committed(response)) => {
+                        check_response("committed", Some(response))
+                    }
                     Some(Verdict::Failed(reason)) => {
                         let _ = validate::reason("failed", &reason);
                     }
                     Some(Verdict::Takeover(takeover)) => {
-                        let _ = validate::positive_duration("lease", duration_ms(takeover.lease.as_ref()));
+                        let _ = validate::positive_duration(
+                            "lease",
+                            duration_ms(takeover.lease.as_ref()),
+                        );
                     }
                     Some(Verdict::Released(_)) | None => {}
                 }

@@ -34,7 +34,11 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     let s: &str = &text;
 
-    assert_eq!(validate::key(s).is_ok(), key_like(s, validate::MAX_KEY_CHARS), "key {s:?}");
+    assert_eq!(
+        validate::key(s).is_ok(),
+        key_like(s, validate::MAX_KEY_CHARS),
+        "key {s:?}"
+    );
     assert_eq!(
         validate::tenant("tenant", s).is_ok(),
         key_like(s, validate::MAX_TENANT_CHARS),
@@ -50,7 +54,11 @@ fuzz_target!(|data: &[u8]| {
         key_like(s, validate::MAX_LEASE_TOKEN_CHARS),
         "lease_token {s:?}"
     );
-    assert_eq!(validate::endpoint(s).is_ok(), endpoint_ok(s), "endpoint {s:?}");
+    assert_eq!(
+        validate::endpoint(s).is_ok(),
+        endpoint_ok(s),
+        "endpoint {s:?}"
+    );
     assert_eq!(
         validate::reason("reason", s).is_ok(),
         s.len() <= validate::MAX_REASON_BYTES
@@ -84,10 +92,19 @@ fuzz_target!(|data: &[u8]| {
                 endpoint: endpoint.clone(),
                 key: key.clone(),
             };
-            assert_eq!(codec::decode_record_key(&codec::record_key(&id)), Ok(id.clone()));
-            assert_eq!(codec::decode_expiry_key(&codec::expiry_key(-7, &id)), Ok((-7, id.clone())));
+            assert_eq!(
+                codec::decode_record_key(&codec::record_key(&id)),
+                Ok(id.clone())
+            );
+            assert_eq!(
+                codec::decode_expiry_key(&codec::expiry_key(-7, &id)),
+                Ok((-7, id.clone()))
+            );
             let position = codec::pending_position(42, &id);
-            assert_eq!(codec::decode_pending_position(tenant, &position), Ok((42, id.clone())));
+            assert_eq!(
+                codec::decode_pending_position(tenant, &position),
+                Ok((42, id.clone()))
+            );
             assert!(codec::pending_key(42, &id).starts_with(&codec::pending_tenant_prefix(tenant)));
         }
     }
@@ -96,7 +113,10 @@ fuzz_target!(|data: &[u8]| {
     for line in &parts {
         if let Ok(tokens) = canonical_json::parse_pointer(line) {
             // Escaping the tokens again gives back the pointer exactly.
-            let rebuilt: String = tokens.iter().map(|t| format!("/{}", escape_token(t))).collect();
+            let rebuilt: String = tokens
+                .iter()
+                .map(|t| format!("/{}", escape_token(t)))
+                .collect();
             assert_eq!(&rebuilt, line, "pointer does not round-trip");
         } else {
             assert!(
@@ -110,14 +130,15 @@ fuzz_target!(|data: &[u8]| {
         Ok(parsed) => {
             assert_eq!(parsed.len(), list.len());
             assert!(list.len() <= fingerprint::MAX_IGNORE_FIELDS);
-            assert!(list.iter().all(|p| p.len() <= fingerprint::MAX_POINTER_BYTES));
+            assert!(
+                list.iter()
+                    .all(|p| p.len() <= fingerprint::MAX_POINTER_BYTES)
+            );
         }
         Err(_) => assert!(
             list.len() > fingerprint::MAX_IGNORE_FIELDS
-                || list
-                    .iter()
-                    .any(|p| p.len() > fingerprint::MAX_POINTER_BYTES
-                        || canonical_json::parse_pointer(p).is_err())
+                || list.iter().any(|p| p.len() > fingerprint::MAX_POINTER_BYTES
+                    || canonical_json::parse_pointer(p).is_err())
         ),
     }
 });
