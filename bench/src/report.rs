@@ -519,7 +519,12 @@ impl Report {
                     );
                 }
                 None => {
-                    let _ = writeln!(md, "\n### {} (closed loop)\n", workload.name());
+                    let label = if mode == "closed" {
+                        "closed loop"
+                    } else {
+                        mode.as_str()
+                    };
+                    let _ = writeln!(md, "\n### {} ({label})\n", workload.name());
                 }
             }
             let _ = writeln!(

@@ -658,7 +658,7 @@ async fn measure_all(
             connections,
             &result,
         );
-        m.mode = format!("closed, {} in flight", args.p5_inflight);
+        m.mode = format!("closed loop, {} in flight", args.p5_inflight);
         eprintln!("{} ({} in flight)", m.line(), args.p5_inflight);
         rss_1000 = m.server_rss_mib;
         measurements.push(m);
