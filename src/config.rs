@@ -66,6 +66,9 @@ pub struct Cli {
 }
 
 /// Subcommands.
+// Parsed once at start-up: the size difference between variants costs
+// nothing, and boxing would only obscure the clap derive.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the gRPC API (the default).

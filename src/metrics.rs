@@ -47,6 +47,8 @@ pub const STORED_RESPONSE_BYTES: &str = "idemd_stored_response_bytes";
 pub const BUILD_INFO: &str = "idemd_build_info";
 /// Audit appends that failed (the transition itself succeeded), by backend.
 pub const AUDIT_WRITE_ERRORS: &str = "idemd_audit_write_errors_total";
+/// Calls refused by a limit, by limit (`new_keys` per tenant, `in_flight`).
+pub const RATE_LIMITED: &str = "idemd_rate_limited_total";
 /// Label values replaced by `_other` because of the cardinality cap.
 pub const LABEL_OVERFLOW: &str = "idemd_metric_label_overflow_total";
 
@@ -96,6 +98,10 @@ pub fn describe() {
         "Store operation latency."
     );
     describe_counter!(STORE_ERRORS, "Store operations that failed.");
+    describe_counter!(
+        RATE_LIMITED,
+        "Calls refused with RESOURCE_EXHAUSTED by a limit: new_keys (per-tenant key creation rate) or in_flight (load shedding)."
+    );
     describe_counter!(
         AUDIT_WRITE_ERRORS,
         "Audit log appends that failed; the transitions they describe are durable but missing from the audit log."

@@ -10,6 +10,7 @@
 //! exits 0.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -82,14 +83,63 @@ pub enum ServerError {
 
 /// The engine once the store is open; Idempotency RPCs before that are
 /// refused with `UNAVAILABLE`.
-#[derive(Clone, Default)]
-struct EngineSlot(Arc<OnceLock<IdempotencyService>>);
+#[derive(Clone)]
+struct EngineSlot {
+    /// Set once the store is open.
+    service: Arc<OnceLock<IdempotencyService>>,
+    /// RPCs in progress, for load shedding.
+    in_flight: Arc<AtomicUsize>,
+    /// Most RPCs in progress at once; 0 = unlimited.
+    max_in_flight: usize,
+}
+
+/// How long a shed caller is told to wait: long enough for a burst to
+/// drain, short enough not to add visible latency to a retry.
+const SHED_RETRY_AFTER: Duration = Duration::from_millis(100);
+
+/// Releases an in-flight slot when the RPC ends (however it ends).
+struct InFlightSlot(Arc<AtomicUsize>);
+
+impl Drop for InFlightSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 impl EngineSlot {
+    fn new(max_in_flight: usize) -> Self {
+        Self {
+            service: Arc::default(),
+            in_flight: Arc::default(),
+            max_in_flight,
+        }
+    }
+
     fn get(&self) -> Result<&IdempotencyService, Status> {
-        self.0
+        self.service
             .get()
             .ok_or_else(|| Status::unavailable("idemd is starting: the store is not open yet"))
+    }
+
+    /// Takes an in-flight slot, or sheds the call when all are taken:
+    /// refusing early and cheaply keeps latency bounded for the calls
+    /// already admitted instead of queueing everyone.
+    fn admit(&self) -> Result<InFlightSlot, Status> {
+        let before = self.in_flight.fetch_add(1, Ordering::AcqRel);
+        let slot = InFlightSlot(Arc::clone(&self.in_flight));
+        if self.max_in_flight > 0 && before >= self.max_in_flight {
+            metrics::counter!(crate::metrics::RATE_LIMITED, "tenant" => "_all", "limit" => "in_flight")
+                .increment(1);
+            return Err(crate::api::status::shed(
+                format!(
+                    "idemd is at its limit of {} calls in progress; retry shortly",
+                    self.max_in_flight
+                ),
+                SHED_RETRY_AFTER,
+                "OVERLOADED",
+            ));
+        }
+        Ok(slot)
     }
 }
 
@@ -106,8 +156,9 @@ macro_rules! delegate {
                 async fn $method(&self, request: Request<$request>) -> Result<Response<$response>, Status> {
                     let started = std::time::Instant::now();
                     let span = crate::telemetry::rpc_context($service_name, $name, request.metadata());
-                    let result = match (self.get(), &span) {
-                        (Ok(service), Some(context)) => {
+                    let admitted = self.admit();
+                    let result = match (admitted.and_then(|slot| self.get().map(|service| (slot, service))), &span) {
+                        (Ok((_slot, service)), Some(context)) => {
                             let context = context.clone();
                             let endpoint = request.get_ref().endpoint.clone();
                             opentelemetry::context::FutureExt::with_context(async move {
@@ -115,7 +166,7 @@ macro_rules! delegate {
                                 <IdempotencyService as $service>::$method(service, request).await
                             }, context).await
                         }
-                        (Ok(service), None) => <IdempotencyService as $service>::$method(service, request).await,
+                        (Ok((_slot, service)), None) => <IdempotencyService as $service>::$method(service, request).await,
                         (Err(status), _) => Err(status),
                     };
                     let code = result.as_ref().map_or_else(|status| status.code(), |_| tonic::Code::Ok);
@@ -290,7 +341,7 @@ where
         .build_v1()
         .map_err(|e| ServerError::Reflection(e.to_string()))?;
 
-    let slot = EngineSlot::default();
+    let slot = EngineSlot::new(settings.limits.max_in_flight);
     let idempotency = pb::idempotency_server::IdempotencyServer::new(slot.clone())
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -339,7 +390,8 @@ where
         clock,
         Arc::new(settings.policies.clone()),
         settings.cache_bytes,
-    );
+    )
+    .with_claim_limit(settings.limits.claim_rate, settings.limits.claim_burst);
     if let Some(audit) = &audit {
         engine = engine.with_audit(Arc::clone(audit));
     }
@@ -349,7 +401,7 @@ where
         settings.metrics_label_caps.1,
     ));
     let service = IdempotencyService::new(Arc::clone(&engine), auth.clone(), Arc::clone(&labels));
-    if slot.0.set(service).is_err() {
+    if slot.service.set(service).is_err() {
         return Err(ServerError::Task("engine initialized twice".to_string()));
     }
     health.set_service_status("", ServingStatus::Serving).await;

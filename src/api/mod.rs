@@ -327,6 +327,11 @@ impl pb::idempotency_server::Idempotency for IdempotencyService {
                 if is_rejection(&error) {
                     self.count_claim(&tenant, &endpoint, "rejected");
                 }
+                if let EngineError::RateLimited { .. } = error {
+                    let (tenant, _) = self.labels(&tenant, &endpoint);
+                    metrics::counter!(names::RATE_LIMITED, "tenant" => tenant, "limit" => "new_keys")
+                        .increment(1);
+                }
                 return Err(status::engine_status(error));
             }
         };

@@ -7,6 +7,8 @@
 //! | `NotFound`              | `NOT_FOUND`           |                                          |
 //! | `FailedPrecondition`    | `FAILED_PRECONDITION` | `google.rpc.ErrorInfo` (LEASE_LOST, ...) |
 //! | `Contention`            | `ABORTED`             | retry the call                           |
+//! | `RateLimited`           | `RESOURCE_EXHAUSTED`  | RetryInfo + ErrorInfo `RATE_LIMITED`     |
+//! | in-flight limit (server)| `RESOURCE_EXHAUSTED`  | RetryInfo + ErrorInfo `OVERLOADED`       |
 //! | store `Unavailable`     | `UNAVAILABLE`         | nothing was applied; retry               |
 //! | store `Uncertain`       | `UNAVAILABLE`         | ErrorInfo `OUTCOME_UNKNOWN`              |
 //! | store `Corrupt`         | `DATA_LOSS`           |                                          |
@@ -42,6 +44,14 @@ fn error_info(code: Code, message: String, reason: &str) -> Status {
     )
 }
 
+/// `RESOURCE_EXHAUSTED` with `google.rpc.RetryInfo` (when to retry) and
+/// `ErrorInfo` (why): a limit refused the call and nothing was done.
+pub fn shed(message: String, retry_after: std::time::Duration, reason: &str) -> Status {
+    let mut details = ErrorDetails::with_retry_info(Some(retry_after));
+    details.set_error_info(reason, ERROR_DOMAIN, HashMap::<String, String>::new());
+    Status::with_error_details(Code::ResourceExhausted, message, details)
+}
+
 /// Maps an engine error to the status the caller sees.
 pub fn engine_status(error: EngineError) -> Status {
     match error {
@@ -57,6 +67,10 @@ pub fn engine_status(error: EngineError) -> Status {
             description,
         } => error_info(Code::FailedPrecondition, description, reason.as_str()),
         EngineError::Contention(message) => Status::aborted(message),
+        EngineError::RateLimited {
+            retry_after,
+            description,
+        } => shed(description, retry_after, "RATE_LIMITED"),
         EngineError::Store(store) => store_status(store),
     }
 }

@@ -69,6 +69,15 @@ pub enum EngineError {
     /// The record kept changing under the operation; retry.
     #[error("{0}")]
     Contention(String),
+    /// The tenant created keys faster than its limit allows; nothing was
+    /// written.
+    #[error("{description}")]
+    RateLimited {
+        /// When a retry can succeed.
+        retry_after: std::time::Duration,
+        /// Human-readable explanation.
+        description: String,
+    },
     /// The store failed (nothing applied, or the outcome is unknown).
     #[error(transparent)]
     Store(#[from] StoreError),

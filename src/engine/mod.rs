@@ -22,6 +22,7 @@
 
 pub mod cache;
 pub mod error;
+pub mod limits;
 pub mod policy;
 pub mod validate;
 pub mod waiters;
@@ -40,6 +41,7 @@ use crate::store::{
 };
 
 pub use error::{EngineError, EngineResult, PreconditionReason};
+pub use limits::ClaimLimiter;
 pub use policy::{ExpiredLeasePolicy, Policy, PolicySet};
 
 use cache::CompletedCache;
@@ -255,6 +257,8 @@ pub struct Engine {
     /// Where transitions of audited endpoints are appended; `None` when no
     /// endpoint is audited.
     audit: Option<Arc<dyn AuditLog>>,
+    /// Per-tenant limit on creating keys; `None` = unlimited.
+    claim_limiter: Option<ClaimLimiter>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -311,7 +315,16 @@ impl Engine {
             waiters: Waiters::default(),
             cache: CompletedCache::new(cache_bytes),
             audit: None,
+            claim_limiter: None,
         }
+    }
+
+    /// Limits each tenant to `rate` new keys per second (bursts of `burst`);
+    /// a rate of 0 leaves key creation unlimited.
+    #[must_use]
+    pub fn with_claim_limit(mut self, rate: f64, burst: u32) -> Self {
+        self.claim_limiter = (rate > 0.0).then(|| ClaimLimiter::new(rate, burst));
+        self
     }
 
     /// Appends the transitions of audited endpoints to `audit`.
@@ -593,6 +606,19 @@ impl Engine {
         for _ in 0..MAX_CAS_ROUNDS {
             let now = self.now();
             let Some(existing) = current.take() else {
+                // Only creating a key is rate-limited: replays and answers
+                // about existing keys never reach this point.
+                if let Some(limiter) = &self.claim_limiter {
+                    limiter
+                        .try_acquire(&request.id.tenant, now)
+                        .map_err(|retry_after| EngineError::RateLimited {
+                            retry_after,
+                            description: format!(
+                                "the tenant's rate of new keys is exhausted; retry in {} ms",
+                                retry_after.as_millis()
+                            ),
+                        })?;
+                }
                 let record = request.new_record(now, 1);
                 match self.store.insert_if_absent(&record, now).await? {
                     InsertOutcome::Inserted => {

@@ -15,7 +15,10 @@ use idemd::proto::v1::audit_client::AuditClient;
 #[macro_export]
 macro_rules! grpc_suite {
     ($start:path) => {
-        $crate::grpc_suite!(@tests $start;
+        $crate::grpc_suite!($start, after = $crate::grpc_suite::no_check);
+    };
+    ($start:path, after = $after:path) => {
+        $crate::grpc_suite!(@tests $start, $after;
             claim_fresh_key_returns_a_lease,
             scope_is_tenant_endpoint_and_key,
             concurrent_claims_have_one_winner,
@@ -50,13 +53,14 @@ macro_rules! grpc_suite {
             audit_requests_are_validated,
         );
     };
-    (@tests $start:path; $($name:ident,)*) => {
+    (@tests $start:path, $after:path; $($name:ident,)*) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
                 let server = $start().await;
                 $crate::grpc_suite::$name(&server).await;
                 server.stop().await;
+                $after();
             }
         )*
     };
@@ -197,10 +201,24 @@ fn pending_keys(response: &pb::ListPendingResponse) -> Vec<String> {
     keys
 }
 
+/// Every key [`key`] handed out in this test binary (what the log-hygiene
+/// test looks for in the logs).
+pub static KEYS_USED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
 /// A key unique to one test run, so suites can share a store (CQL).
 fn key(name: &str) -> String {
-    format!("{name}-{}", uuid_like())
+    let key = format!("{name}-{}", uuid_like());
+    KEYS_USED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(key.clone());
+    key
 }
+
+/// The default post-test check: none. (Unused in binaries that pass their
+/// own check, such as tests/log_hygiene.rs.)
+#[allow(dead_code)]
+pub fn no_check() {}
 
 fn uuid_like() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
