@@ -19,7 +19,7 @@ release:
 	$(CARGO) build --release
 
 ## test: everything CI checks, from a fresh machine.
-test: fmt-check clippy cargo-test cql-test observability-test helm-test sdk-test
+test: fmt-check clippy deny cargo-test cql-test observability-test helm-test sdk-test bench-smoke
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -56,7 +56,7 @@ $(addprefix sdk-,$(SDKS)): build
 
 ## fuzz-smoke: every fuzz target (fuzz/, cargo-fuzz + libFuzzer) for a short
 ## interval from its seed corpus; fails on any crash, timeout or OOM.
-FUZZ_SMOKE_SECONDS ?= 20
+FUZZ_SMOKE_SECONDS ?= 15
 fuzz-smoke:
 	fuzz/run.sh $(FUZZ_SMOKE_SECONDS)
 

@@ -26,11 +26,16 @@ fi
 
 cd "$ROOT"
 status=0
-for manifest in Cargo.toml fuzz/Cargo.toml; do
-  echo "==> cargo deny check licenses bans sources ($manifest)"
-  # --workspace: every member (bench/ too, not only the default member);
-  # --locked: the committed Cargo.lock, never a re-resolved one.
-  "$DENY" --manifest-path "$manifest" --config deny.toml --workspace --locked \
-    check licenses bans sources || status=$?
-done
+# The root workspace is checked against its committed Cargo.lock (--locked:
+# never a re-resolved one). fuzz/ is a tool workspace whose lock is not
+# committed (it would go stale with every dependency change of idemd): it is
+# resolved here, offline-first, the same way `cargo fuzz build` resolves it.
+echo "==> cargo deny check licenses bans sources (Cargo.toml)"
+"$DENY" --manifest-path Cargo.toml --config deny.toml --workspace --locked \
+  check licenses bans sources || status=$?
+echo "==> cargo deny check licenses bans sources (fuzz/Cargo.toml)"
+cargo generate-lockfile --manifest-path fuzz/Cargo.toml --offline >/dev/null 2>&1 ||
+  cargo generate-lockfile --manifest-path fuzz/Cargo.toml
+"$DENY" --manifest-path fuzz/Cargo.toml --config deny.toml --workspace \
+  check licenses bans sources || status=$?
 exit "$status"
