@@ -35,7 +35,7 @@ cargo-test:
 ## real Cassandra 5.0 cluster (scripts/cassandra.sh: jars from Maven Central).
 cql-test:
 	scripts/with-cassandra.sh -- $(CARGO) test --features cql-tests \
-		--test store_cql --test grpc_cql --test cql_cluster
+		--test store_cql --test grpc_cql --test cql_cluster --test encryption_cql
 
 ## observability-test: promtool check/test of deploy/prometheus (installs
 ## Debian's prometheus package), then a real Prometheus scraping a real idemd.

@@ -24,6 +24,8 @@
 //! * [`fingerprint`]: fingerprint v1, the canonical request digest.
 //! * [`store`]: the [`store::Store`] trait (the only seam between the engine
 //!   and storage) and its backends, one module each.
+//! * [`crypto`]: encryption at rest of stored responses (AES-256-GCM
+//!   keyring, sealed-value envelope), used by both store backends.
 //! * [`audit`]: the append-only audit log of audited endpoints' transitions
 //!   ([`audit::AuditLog`]), its own storage with its own retention, one
 //!   module per backend.
@@ -44,6 +46,7 @@ pub mod auth;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod crypto;
 pub mod engine;
 pub mod fingerprint;
 pub mod metrics;

@@ -28,6 +28,7 @@ use crate::audit::embedded::EmbeddedAuditLog;
 use crate::auth::Authenticator;
 use crate::clock::SharedClock;
 use crate::config::{Settings, StoreSettings};
+use crate::crypto::Keyring;
 use crate::engine::Engine;
 use crate::metrics::LabelGuard;
 use crate::proto::v1 as pb;
@@ -76,6 +77,9 @@ pub enum ServerError {
     /// A background task panicked.
     #[error("server task failed: {0}")]
     Task(String),
+    /// The encryption keyring is invalid.
+    #[error("{0}")]
+    Keyring(#[from] crate::crypto::KeyringError),
     /// A setting this build cannot honour.
     #[error("{0}")]
     Unsupported(String),
@@ -234,17 +238,37 @@ impl RunningServer {
     }
 }
 
-/// Opens the store the settings name.
+/// Loads the encryption keyring the settings name, if any.
+pub fn load_keyring(settings: &Settings) -> Result<Option<Arc<Keyring>>, ServerError> {
+    let Some(path) = &settings.encryption_keys else {
+        return Ok(None);
+    };
+    let keyring = Keyring::load(path)?;
+    tracing::info!(
+        path = %path.display(),
+        active_key_id = keyring.active_key_id(),
+        keys = keyring.key_ids().count(),
+        "encryption at rest of stored responses is on"
+    );
+    Ok(Some(Arc::new(keyring)))
+}
+
+/// Opens the store the settings name, sealing stored responses with the
+/// keyring of `--encryption-keys` when it is set.
 pub async fn open_store(settings: &Settings) -> Result<Arc<dyn Store>, ServerError> {
+    let keyring = load_keyring(settings)?;
     match &settings.store {
         StoreSettings::Embedded => {
-            let options = EmbeddedOptions::new(settings.data_dir.clone());
+            let mut options = EmbeddedOptions::new(settings.data_dir.clone());
+            options.keyring = keyring;
             let store = tokio::task::spawn_blocking(move || EmbeddedStore::open(&options))
                 .await
                 .map_err(|e| ServerError::Task(e.to_string()))??;
             Ok(Arc::new(store))
         }
-        StoreSettings::Cql(options) => Ok(Arc::new(CqlStore::open(options).await?)),
+        StoreSettings::Cql(options) => Ok(Arc::new(
+            CqlStore::open_with_keyring(options, keyring).await?,
+        )),
     }
 }
 
@@ -294,10 +318,11 @@ where
             "--tls-cert: TLS is not available in this build".to_string(),
         ));
     }
+    // `--encryption-keys` is honoured by the store (see `open_store`); a
+    // keyring that does not load fails start-up here, before the port is
+    // bound, rather than in the store's open.
     if settings.encryption_keys.is_some() {
-        return Err(ServerError::Unsupported(
-            "--encryption-keys: encryption at rest is not available in this build".to_string(),
-        ));
+        load_keyring(&settings)?;
     }
     if let Some(address) = settings.metrics_listen {
         // Metrics are secondary to serving: a busy metrics port is logged

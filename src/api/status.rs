@@ -12,6 +12,7 @@
 //! | store `Unavailable`     | `UNAVAILABLE`         | nothing was applied; retry               |
 //! | store `Uncertain`       | `UNAVAILABLE`         | ErrorInfo `OUTCOME_UNKNOWN`              |
 //! | store `Corrupt`         | `DATA_LOSS`           |                                          |
+//! | store `Undecryptable`   | `INTERNAL`            | ErrorInfo `RESPONSE_UNDECRYPTABLE`; names the key id |
 //! | store `Closed`          | `UNAVAILABLE`         | shutting down                            |
 //! | auth: no/unknown token  | `UNAUTHENTICATED`     |                                          |
 //! | auth: role or endpoint  | `PERMISSION_DENIED`   | ErrorInfo `ROLE_NOT_ALLOWED` / `ENDPOINT_NOT_ALLOWED` |
@@ -95,6 +96,13 @@ fn store_status(error: StoreError) -> Status {
         StoreError::Corrupt(detail) => {
             Status::data_loss(format!("stored record is corrupt: {detail}"))
         }
+        // Not DATA_LOSS: the value is intact, the server lacks the right key
+        // (an operator fixes the keyring; retrying the call does not help).
+        StoreError::Undecryptable(detail) => error_info(
+            Code::Internal,
+            format!("stored response cannot be decrypted: {detail}"),
+            "RESPONSE_UNDECRYPTABLE",
+        ),
         StoreError::Closed => {
             Status::unavailable("server is shutting down; retry on another replica")
         }

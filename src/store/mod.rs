@@ -248,6 +248,12 @@ pub enum StoreError {
     /// Stored data could not be decoded.
     #[error("stored record is corrupt: {0}")]
     Corrupt(String),
+    /// A stored response is encrypted and cannot be decrypted with the
+    /// configured keyring (missing key id, wrong key material, or a value
+    /// moved from another record); see [`crate::crypto`]. The message names
+    /// the key id and never carries key material or plaintext.
+    #[error("stored response cannot be decrypted: {0}")]
+    Undecryptable(String),
     /// The store is shutting down.
     #[error("store is closed")]
     Closed,

@@ -30,6 +30,15 @@
 //! never retries a CAS timeout and statements stay non-idempotent (no
 //! speculative execution), so nothing retries an LWT blindly.
 //!
+//! # Encryption at rest
+//!
+//! With a keyring ([`CqlStore::open_with_keyring`]) the `response` blob is
+//! sealed (see [`crate::crypto`]) with associated data binding it to the
+//! row's (tenant, endpoint, key): a blob copied into another row fails to
+//! decrypt. Blobs written in clear before encryption was turned on stay
+//! readable. The other columns stay in clear: the LWT conditions, TTLs and
+//! the pending index need them.
+//!
 //! # Pending index
 //!
 //! `pending_index` is written before the conditional write that makes a
@@ -61,6 +70,7 @@ use super::{
     CasOutcome, Expected, InsertOutcome, PendingPage, PendingQuery, Record, RecordKey, Store,
     StoreError, StoreResult,
 };
+use crate::crypto::{self, Keyring};
 use rows::NamedRow;
 
 /// Milliseconds in a day: the width of one pending-index partition.
@@ -349,6 +359,8 @@ pub struct CqlStore {
     max_ttl_days: i64,
     /// Counters.
     stats: Arc<CqlStats>,
+    /// Seals and opens the `response` column; `None` writes it in clear.
+    keyring: Option<Arc<Keyring>>,
 }
 
 impl std::fmt::Debug for CqlStore {
@@ -445,9 +457,17 @@ fn key_values(id: &RecordKey) -> Values {
     ]
 }
 
-/// The record columns in `RECORD_COLUMNS` order.
-fn record_values(record: &Record) -> Values {
-    vec![
+/// The record columns in `RECORD_COLUMNS` order, the response sealed when
+/// there is a keyring.
+fn record_values(record: &Record, keyring: Option<&Keyring>) -> StoreResult<Values> {
+    let response = match &record.response {
+        Some(response) => Some(CqlValue::Blob(
+            crypto::seal_response(keyring, &record.id, response)
+                .map_err(|e| StoreError::Unavailable(e.to_string()))?,
+        )),
+        None => None,
+    };
+    Ok(vec![
         text_value(record.state.as_str()),
         Some(CqlValue::Blob(record.fingerprint.clone())),
         Some(CqlValue::Int(attempt_value(record))),
@@ -458,12 +478,9 @@ fn record_values(record: &Record) -> Values {
         Some(CqlValue::BigInt(record.lease_expires_at_ms)),
         record.completed_at_ms.map(CqlValue::BigInt),
         Some(CqlValue::BigInt(record.expires_at_ms)),
-        record
-            .response
-            .as_ref()
-            .map(|r| CqlValue::Blob(codec::encode_response(r))),
+        response,
         text_value(&record.reason),
-    ]
+    ])
 }
 
 /// Concatenates groups of bound values.
@@ -487,6 +504,15 @@ impl CqlStore {
     /// Connects and prepares; fails with a clear message when the schema is
     /// missing (run `idemd migrate`).
     pub async fn open(options: &CqlOptions) -> StoreResult<Self> {
+        Self::open_with_keyring(options, None).await
+    }
+
+    /// Like [`CqlStore::open`], sealing stored responses with `keyring`
+    /// (see the module docs).
+    pub async fn open_with_keyring(
+        options: &CqlOptions,
+        keyring: Option<Arc<Keyring>>,
+    ) -> StoreResult<Self> {
         validate_keyspace(&options.keyspace).map_err(StoreError::Unavailable)?;
         let session = connect(options).await?;
         let statements = Statements::prepare(&session, options).await?;
@@ -499,6 +525,7 @@ impl CqlStore {
             statements,
             max_ttl_days,
             stats: Arc::new(CqlStats::default()),
+            keyring,
         })
     }
 
@@ -521,7 +548,7 @@ impl CqlStore {
         let rows = rows::named_rows(result)?;
         match rows.first() {
             None => Ok(None),
-            Some(row) => rows::record_from_row(id, row),
+            Some(row) => rows::record_from_row(id, row, self.keyring.as_deref()),
         }
     }
 
@@ -622,7 +649,7 @@ impl CqlStore {
         let id = &record.id;
         let bound = values([
             key_values(id),
-            record_values(record),
+            record_values(record, self.keyring.as_deref())?,
             vec![Some(CqlValue::Int(ttl_seconds(
                 record.expires_at_ms,
                 now_ms,
@@ -631,7 +658,10 @@ impl CqlStore {
         match self.conditional(&self.statements.insert, bound).await {
             Ok((true, _)) => Ok(Some(InsertOutcome::Inserted)),
             Ok((false, row)) => {
-                let existing = match row.as_ref().map(|row| rows::record_from_row(id, row)) {
+                let existing = match row
+                    .as_ref()
+                    .map(|row| rows::record_from_row(id, row, self.keyring.as_deref()))
+                {
                     Some(Ok(Some(existing))) => Some(existing),
                     _ => self.read(id, true).await?,
                 };
@@ -673,7 +703,7 @@ impl CqlStore {
                 record.expires_at_ms,
                 now_ms,
             )))],
-            record_values(record),
+            record_values(record, self.keyring.as_deref())?,
             key_values(id),
             vec![Some(CqlValue::BigInt(now_ms))],
         ]);
@@ -742,7 +772,7 @@ impl Store for CqlStore {
                 record.expires_at_ms,
                 now_ms,
             )))],
-            record_values(record),
+            record_values(record, self.keyring.as_deref())?,
             key_values(id),
             vec![
                 text_value(expected.state.as_str()),

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use scylla::response::query_result::QueryResult;
 use scylla::value::{CqlValue, Row};
 
-use crate::store::embedded::codec;
+use crate::crypto::{self, Keyring};
 use crate::store::{Record, RecordKey, RecordState, StoreError};
 
 /// One result row: column name → value (`None` for NULL).
@@ -107,7 +107,12 @@ fn state_from_text(value: &str) -> Result<RecordState, StoreError> {
 /// missing row (all values NULL), or a Cassandra result that only carries
 /// `[applied]` or the condition columns. Callers that need the record then
 /// read it at SERIAL.
-pub fn record_from_row(id: &RecordKey, row: &NamedRow) -> Result<Option<Record>, StoreError> {
+/// A sealed `response` is opened with `keyring` (see [`crate::crypto`]).
+pub fn record_from_row(
+    id: &RecordKey,
+    row: &NamedRow,
+    keyring: Option<&Keyring>,
+) -> Result<Option<Record>, StoreError> {
     let Some(state) = text(row, "state")? else {
         return Ok(None);
     };
@@ -125,9 +130,7 @@ pub fn record_from_row(id: &RecordKey, row: &NamedRow) -> Result<Option<Record>,
         return Ok(None);
     }
     let response = match blob(row, "response")? {
-        Some(bytes) => {
-            Some(codec::decode_response(&bytes).map_err(|e| StoreError::Corrupt(e.to_string()))?)
-        }
+        Some(bytes) => Some(crypto::open_response(keyring, id, &bytes)?),
         None => None,
     };
     Ok(Some(Record {
@@ -237,7 +240,7 @@ mod tests {
             record
                 .response
                 .as_ref()
-                .map(|r| CqlValue::Blob(codec::encode_response(r))),
+                .map(|r| CqlValue::Blob(crate::store::embedded::codec::encode_response(r))),
         );
         row.insert("reason".into(), Some(CqlValue::Text(record.reason.clone())));
         row
@@ -248,7 +251,7 @@ mod tests {
         let mut row = NamedRow::new();
         row.insert("[applied]".into(), Some(CqlValue::Boolean(true)));
         assert_eq!(applied(&row), Ok(true));
-        assert_eq!(record_from_row(&id(), &row), Ok(None));
+        assert_eq!(record_from_row(&id(), &row, None), Ok(None));
     }
 
     #[test]
@@ -256,7 +259,7 @@ mod tests {
         let existing = record();
         let row = full_row(false, &existing);
         assert_eq!(applied(&row), Ok(false));
-        assert_eq!(record_from_row(&id(), &row), Ok(Some(existing)));
+        assert_eq!(record_from_row(&id(), &row, None), Ok(Some(existing)));
     }
 
     #[test]
@@ -269,7 +272,11 @@ mod tests {
             *value = None;
         }
         assert_eq!(applied(&row), Ok(true));
-        assert_eq!(record_from_row(&id(), &row), Ok(None), "no row existed");
+        assert_eq!(
+            record_from_row(&id(), &row, None),
+            Ok(None),
+            "no row existed"
+        );
     }
 
     #[test]
@@ -288,7 +295,7 @@ mod tests {
             }
             assert_eq!(applied(&row), Ok(false));
             assert_eq!(
-                record_from_row(&id(), &row),
+                record_from_row(&id(), &row, None),
                 Ok(None),
                 "partial rows are not records"
             );
@@ -310,6 +317,6 @@ mod tests {
             "created_at".into(),
             Some(CqlValue::Text("yesterday".into())),
         );
-        assert!(record_from_row(&id(), &row).is_err());
+        assert!(record_from_row(&id(), &row, None).is_err());
     }
 }

@@ -9,7 +9,17 @@
 //!
 //! Values are protobuf messages (prost derive): fields can be added without a
 //! migration, and a decoder never panics on bad bytes.
+//!
+//! With encryption at rest on, a record's response is not field 12 (a
+//! message) but field 14: the encoded response sealed by
+//! [`crate::crypto::seal_response`]. Every other field stays in clear (the
+//! store needs them for conditions, expiry and the pending index). A value
+//! has at most one of the two, so values written before encryption was
+//! turned on are read as they are. Sealing happens here, before the bytes
+//! reach the records table or the write-ahead log, so neither ever holds a
+//! plaintext response once encryption is on.
 
+use crate::crypto::{self, CryptoError, Keyring};
 use crate::store::{Record, RecordKey, RecordState, StoredResponse};
 
 /// Encoding version written into every record value.
@@ -48,6 +58,9 @@ struct RecordValue {
     response: Option<ResponseValue>,
     #[prost(string, tag = "13")]
     reason: String,
+    /// The response, sealed (see [`crate::crypto`]); replaces field 12.
+    #[prost(bytes = "vec", optional, tag = "14")]
+    sealed_response: Option<Vec<u8>>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -89,9 +102,39 @@ fn state_from_code(code: i32) -> Result<RecordState, CodecError> {
     })
 }
 
-/// Encodes a record's value (everything but its key).
+/// Encodes a record's value (everything but its key), response in clear.
 pub fn encode_record(record: &Record) -> Vec<u8> {
     use prost::Message as _;
+    RecordValue {
+        response: record.response.as_ref().map(response_value),
+        ..record_value(record)
+    }
+    .encode_to_vec()
+}
+
+/// Encodes a record's value with its response sealed by `keyring` (in
+/// clear, as [`encode_record`], when there is none).
+pub fn encode_record_sealed(
+    record: &Record,
+    keyring: Option<&Keyring>,
+) -> Result<Vec<u8>, CryptoError> {
+    use prost::Message as _;
+    let Some(keyring) = keyring else {
+        return Ok(encode_record(record));
+    };
+    let sealed_response = match &record.response {
+        Some(response) => Some(crypto::seal_response(Some(keyring), &record.id, response)?),
+        None => None,
+    };
+    Ok(RecordValue {
+        sealed_response,
+        ..record_value(record)
+    }
+    .encode_to_vec())
+}
+
+/// Every field but the response (the callers add it, clear or sealed).
+fn record_value(record: &Record) -> RecordValue {
     RecordValue {
         format_version: RECORD_FORMAT_VERSION,
         state: state_code(record.state),
@@ -104,10 +147,10 @@ pub fn encode_record(record: &Record) -> Vec<u8> {
         lease_expires_at_ms: record.lease_expires_at_ms,
         completed_at_ms: record.completed_at_ms,
         expires_at_ms: record.expires_at_ms,
-        response: record.response.as_ref().map(response_value),
+        response: None,
         reason: record.reason.clone(),
+        sealed_response: None,
     }
-    .encode_to_vec()
 }
 
 fn response_value(response: &StoredResponse) -> ResponseValue {
@@ -153,17 +196,49 @@ pub fn decode_response(bytes: &[u8]) -> Result<StoredResponse, CodecError> {
         .map_err(|e| CodecError(e.to_string()))
 }
 
-/// Decodes a record value stored under `id`.
+/// Decodes a record value stored under `id` whose response is in clear; a
+/// sealed response is an error (use [`decode_record_value`]).
 pub fn decode_record(id: RecordKey, bytes: &[u8]) -> Result<Record, CodecError> {
+    match decode_record_value(id, bytes)? {
+        (record, None) => Ok(record),
+        (_, Some(sealed)) => Err(CodecError(format!(
+            "the response is encrypted (key id {:?}); reading it needs the keyring",
+            crypto::sealed_key_id(&sealed).unwrap_or("?")
+        ))),
+    }
+}
+
+/// Decodes a record value stored under `id`, leaving a sealed response
+/// sealed: the record comes back with `response: None` and the sealed bytes
+/// beside it, for [`crate::crypto::open_response`]. Lets the embedded
+/// store's writer check conditions without decrypting (and without failing
+/// a whole batch on a value it cannot decrypt).
+pub fn decode_record_value(
+    id: RecordKey,
+    bytes: &[u8],
+) -> Result<(Record, Option<Vec<u8>>), CodecError> {
     use prost::Message as _;
     let value = RecordValue::decode(bytes).map_err(|e| CodecError(e.to_string()))?;
+    if let Some(sealed) = &value.sealed_response {
+        if value.response.is_some() {
+            return Err(CodecError(
+                "record has both a clear and a sealed response".to_string(),
+            ));
+        }
+        if !crypto::is_sealed(sealed) {
+            return Err(CodecError(
+                "sealed response field does not hold an encrypted value".to_string(),
+            ));
+        }
+    }
+    let sealed = value.sealed_response;
     if value.format_version != RECORD_FORMAT_VERSION {
         return Err(CodecError(format!(
             "unsupported record format version {}",
             value.format_version
         )));
     }
-    Ok(Record {
+    let record = Record {
         id,
         state: state_from_code(value.state)?,
         fingerprint: value.fingerprint,
@@ -177,7 +252,8 @@ pub fn decode_record(id: RecordKey, bytes: &[u8]) -> Result<Record, CodecError> 
         expires_at_ms: value.expires_at_ms,
         response: value.response.map(stored_response),
         reason: value.reason,
-    })
+    };
+    Ok((record, sealed))
 }
 
 fn push_frame(out: &mut Vec<u8>, part: &str) {
@@ -344,6 +420,44 @@ mod tests {
         assert_eq!(
             decode_expiry_key(&expiry_key(40, &record.id)),
             Ok((40, record.id))
+        );
+    }
+
+    #[test]
+    fn sealed_records_hide_the_response_and_round_trip() {
+        let keyring = Keyring::parse(
+            std::path::Path::new("test"),
+            "k1 AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=",
+        )
+        .expect("keyring");
+        let mut record = sample();
+        if let Some(response) = &mut record.response {
+            response.body = b"marker-0123456789".to_vec();
+        }
+        let bytes = encode_record_sealed(&record, Some(&keyring)).expect("seal");
+        assert!(!bytes.windows(17).any(|w| w == b"marker-0123456789"));
+        let (mut decoded, sealed) = decode_record_value(record.id.clone(), &bytes).expect("decode");
+        let sealed = sealed.expect("sealed response");
+        assert_eq!(crypto::sealed_key_id(&sealed), Ok("k1"));
+        decoded.response =
+            Some(crypto::open_response(Some(&keyring), &record.id, &sealed).expect("open"));
+        assert_eq!(decoded, record);
+        // Without the keyring: an error naming the key id.
+        let error = decode_record(record.id.clone(), &bytes).expect_err("sealed");
+        assert!(error.0.contains("\"k1\""), "{error}");
+        // Records without a response and keyring-less encoding are as before.
+        assert_eq!(
+            encode_record_sealed(&record, None).expect("plain"),
+            encode_record(&record)
+        );
+        let mut pending = record.clone();
+        pending.response = None;
+        assert_eq!(
+            decode_record(
+                pending.id.clone(),
+                &encode_record_sealed(&pending, Some(&keyring)).expect("seal")
+            ),
+            Ok(pending)
         );
     }
 

@@ -46,6 +46,16 @@
 //! * `pending`: (tenant, pending_since, endpoint, key) → (): what ListPending
 //!   reads; maintained in the same transaction as the record, so it can only
 //!   be stale for records that expired (filtered on read, swept later).
+//!
+//! # Encryption at rest
+//!
+//! With a keyring ([`EmbeddedOptions::keyring`]) the writer seals each
+//! record's response as it encodes the record (see [`codec`]), so the
+//! records table and the write-ahead log only ever hold sealed responses.
+//! The writer never decrypts: conditions need only the clear fields, and a
+//! value it could not decrypt must not fail the other operations of its
+//! batch. Records it returns (an existing record, a conflict) carry their
+//! sealed response out of the writer thread and are opened by the caller.
 
 pub mod codec;
 pub mod wal;
@@ -64,6 +74,7 @@ use super::{
     CasOutcome, Expected, InsertOutcome, PendingPage, PendingQuery, Record, RecordKey, Store,
     StoreError, StoreResult,
 };
+use crate::crypto::{self, Keyring};
 
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
 const EXPIRY: TableDefinition<&[u8], ()> = TableDefinition::new("expiry");
@@ -107,6 +118,9 @@ pub struct EmbeddedOptions {
     pub data_dir: PathBuf,
     /// Page cache size in bytes (redb's cache; bounds memory use).
     pub cache_bytes: usize,
+    /// Encryption at rest of stored responses; `None` stores them in clear
+    /// (values sealed earlier then fail to read, naming their key id).
+    pub keyring: Option<Arc<Keyring>>,
 }
 
 impl EmbeddedOptions {
@@ -115,6 +129,7 @@ impl EmbeddedOptions {
         Self {
             data_dir: data_dir.into(),
             cache_bytes: 32 * 1024 * 1024,
+            keyring: None,
         }
     }
 }
@@ -123,19 +138,19 @@ enum WriteOp {
     Insert {
         record: Record,
         now_ms: i64,
-        reply: oneshot::Sender<StoreResult<InsertOutcome>>,
+        reply: oneshot::Sender<StoreResult<InsertReply>>,
     },
     Replace {
         record: Record,
         expected: Expected,
         now_ms: i64,
-        reply: oneshot::Sender<StoreResult<CasOutcome>>,
+        reply: oneshot::Sender<StoreResult<CasReply>>,
     },
     Delete {
         id: RecordKey,
         expected: Expected,
         now_ms: i64,
-        reply: oneshot::Sender<StoreResult<CasOutcome>>,
+        reply: oneshot::Sender<StoreResult<CasReply>>,
     },
     Sweep {
         now_ms: i64,
@@ -146,16 +161,39 @@ enum WriteOp {
 
 /// Where the result of one operation goes, once the batch is committed.
 enum ReplySlot {
-    Insert(oneshot::Sender<StoreResult<InsertOutcome>>),
-    Cas(oneshot::Sender<StoreResult<CasOutcome>>),
+    Insert(oneshot::Sender<StoreResult<InsertReply>>),
+    Cas(oneshot::Sender<StoreResult<CasReply>>),
     Sweep(oneshot::Sender<StoreResult<usize>>),
 }
 
 /// The result of one operation, computed inside the transaction.
 enum Applied {
-    Insert(InsertOutcome),
-    Cas(CasOutcome),
+    Insert(InsertReply),
+    Cas(CasReply),
     Sweep(usize),
+}
+
+/// A record as the writer read it: a sealed response stays sealed until
+/// the caller opens it, off the writer thread (see the module docs).
+struct Loaded {
+    /// The record, with `response: None` when the response is sealed.
+    record: Record,
+    /// The sealed response, for [`crypto::open_response`].
+    sealed_response: Option<Vec<u8>>,
+}
+
+/// [`InsertOutcome`] with the existing record still sealed.
+#[allow(clippy::large_enum_variant)] // moved once, like InsertOutcome
+enum InsertReply {
+    Inserted,
+    Exists(Loaded),
+}
+
+/// [`CasOutcome`] with the current record still sealed.
+#[allow(clippy::large_enum_variant)] // moved once, like CasOutcome
+enum CasReply {
+    Applied,
+    Conflict(Option<Loaded>),
 }
 
 /// The part of an operation that the transaction needs.
@@ -276,6 +314,8 @@ pub struct EmbeddedStore {
     /// The writer thread, joined on close so that every accepted write is
     /// committed before `close` returns.
     writer_thread: Mutex<Option<JoinHandle<()>>>,
+    /// Opens sealed responses on the read side.
+    keyring: Option<Arc<Keyring>>,
 }
 
 impl std::fmt::Debug for EmbeddedStore {
@@ -344,6 +384,7 @@ impl EmbeddedStore {
             last_checkpoint: Instant::now(),
             poisoned: None,
             stats: Arc::clone(&stats),
+            keyring: options.keyring.clone(),
         };
         let writer_thread = std::thread::Builder::new()
             .name("idemd-store-writer".to_string())
@@ -354,6 +395,7 @@ impl EmbeddedStore {
             database,
             writer: Mutex::new(Some(sender)),
             writer_thread: Mutex::new(Some(writer_thread)),
+            keyring: options.keyring.clone(),
         })
     }
 
@@ -405,15 +447,54 @@ impl EmbeddedStore {
         let records = txn
             .open_table(RECORDS)
             .map_err(|e| storage_error("open", e))?;
-        read_live(&records, id, now_ms)
+        self.read_live(&records, id, now_ms)
+    }
+
+    /// The live record for `id` with its response opened.
+    fn read_live(
+        &self,
+        records: &impl ReadableTable<&'static [u8], &'static [u8]>,
+        id: &RecordKey,
+        now_ms: i64,
+    ) -> StoreResult<Option<Record>> {
+        read_loaded(records, id, now_ms)?
+            .map(|loaded| self.unseal(loaded))
+            .transpose()
+    }
+
+    /// The caller's view of a conditional write's reply.
+    fn cas_outcome(&self, reply: CasReply) -> StoreResult<CasOutcome> {
+        Ok(match reply {
+            CasReply::Applied => CasOutcome::Applied,
+            CasReply::Conflict(current) => CasOutcome::Conflict {
+                current: current.map(|loaded| self.unseal(loaded)).transpose()?,
+            },
+        })
+    }
+
+    /// Decrypts a record's sealed response, if it has one.
+    fn unseal(&self, loaded: Loaded) -> StoreResult<Record> {
+        let Loaded {
+            mut record,
+            sealed_response,
+        } = loaded;
+        if let Some(sealed) = sealed_response {
+            record.response = Some(crypto::open_response(
+                self.keyring.as_deref(),
+                &record.id,
+                &sealed,
+            )?);
+        }
+        Ok(record)
     }
 }
 
-fn read_live(
+/// The live record for `id`, its response still sealed if it is.
+fn read_loaded(
     records: &impl ReadableTable<&'static [u8], &'static [u8]>,
     id: &RecordKey,
     now_ms: i64,
-) -> StoreResult<Option<Record>> {
+) -> StoreResult<Option<Loaded>> {
     let key = codec::record_key(id);
     let Some(value) = records
         .get(key.as_slice())
@@ -421,9 +502,12 @@ fn read_live(
     else {
         return Ok(None);
     };
-    let record = codec::decode_record(id.clone(), value.value())
+    let (record, sealed_response) = codec::decode_record_value(id.clone(), value.value())
         .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    Ok(record.is_live(now_ms).then_some(record))
+    Ok(record.is_live(now_ms).then_some(Loaded {
+        record,
+        sealed_response,
+    }))
 }
 
 /// Replays the log frames newer than the durable redb state (see [`wal`])
@@ -465,7 +549,7 @@ fn recover(database: &Database, wal: &wal::Wal) -> StoreResult<u64> {
                     };
                     result.map_err(|e| storage_error("replay", e))?;
                 }
-                Ok(())
+                Ok::<(), StoreError>(())
             })
             .map_err(|e| storage_error("cannot read the write-ahead log", e))??;
         if last != durable {
@@ -492,6 +576,8 @@ struct Writer {
     /// Set after a storage error in the write path; see the module docs.
     poisoned: Option<String>,
     stats: Arc<WriterStats>,
+    /// Seals responses as records are encoded.
+    keyring: Option<Arc<Keyring>>,
 }
 
 impl Writer {
@@ -570,6 +656,7 @@ impl Writer {
         self.frame.begin(seq);
         let applied = apply_ops(
             &self.database,
+            self.keyring.as_deref(),
             &mut self.frame,
             seq,
             &mut ops,
@@ -639,6 +726,7 @@ impl Writer {
 /// the rest of the batch.
 fn apply_ops(
     database: &Database,
+    keyring: Option<&Keyring>,
     frame: &mut wal::FrameBuilder,
     seq: u64,
     ops: &mut std::vec::Drain<'_, WriteOp>,
@@ -667,6 +755,7 @@ fn apply_ops(
             expiry: &mut expiry,
             pending: &mut pending,
             frame,
+            keyring,
         };
         for op in ops.by_ref() {
             let (slot, body) = op.split();
@@ -694,6 +783,7 @@ struct Tables<'a, 'txn> {
     expiry: &'a mut redb::Table<'txn, &'static [u8], ()>,
     pending: &'a mut redb::Table<'txn, &'static [u8], ()>,
     frame: &'a mut wal::FrameBuilder,
+    keyring: Option<&'a Keyring>,
 }
 impl Tables<'_, '_> {
     /// Applies one operation. An error aborts the whole batch (nothing of
@@ -702,13 +792,15 @@ impl Tables<'_, '_> {
         Ok(match body {
             OpBody::Insert { record, now_ms } => {
                 Applied::Insert(match self.read_any(&record.id)? {
-                    Some(existing) if existing.is_live(now_ms) => InsertOutcome::Exists(existing),
+                    Some(existing) if existing.record.is_live(now_ms) => {
+                        InsertReply::Exists(existing)
+                    }
                     stale => {
                         if let Some(stale) = stale {
-                            self.remove(&stale)?;
+                            self.remove(&stale.record)?;
                         }
                         self.put(&record)?;
-                        InsertOutcome::Inserted
+                        InsertReply::Inserted
                     }
                 })
             }
@@ -717,23 +809,23 @@ impl Tables<'_, '_> {
                 expected,
                 now_ms,
             } => Applied::Cas(match self.read_live_at(&record.id, now_ms)? {
-                Some(current) if expected.is_met_by(&current) => {
-                    self.remove(&current)?;
+                Some(current) if expected.is_met_by(&current.record) => {
+                    self.remove(&current.record)?;
                     self.put(&record)?;
-                    CasOutcome::Applied
+                    CasReply::Applied
                 }
-                current => CasOutcome::Conflict { current },
+                current => CasReply::Conflict(current),
             }),
             OpBody::Delete {
                 id,
                 expected,
                 now_ms,
             } => Applied::Cas(match self.read_live_at(&id, now_ms)? {
-                Some(current) if expected.is_met_by(&current) => {
-                    self.remove(&current)?;
-                    CasOutcome::Applied
+                Some(current) if expected.is_met_by(&current.record) => {
+                    self.remove(&current.record)?;
+                    CasReply::Applied
                 }
-                current => CasOutcome::Conflict { current },
+                current => CasReply::Conflict(current),
             }),
             OpBody::Sweep {
                 now_ms,
@@ -742,19 +834,21 @@ impl Tables<'_, '_> {
         })
     }
 
-    fn read_live_at(&self, id: &RecordKey, now_ms: i64) -> StoreResult<Option<Record>> {
-        read_live(&*self.records, id, now_ms)
+    fn read_live_at(&self, id: &RecordKey, now_ms: i64) -> StoreResult<Option<Loaded>> {
+        read_loaded(&*self.records, id, now_ms)
     }
 
     /// The stored record, live or expired.
-    fn read_any(&self, id: &RecordKey) -> StoreResult<Option<Record>> {
-        read_live(&*self.records, id, i64::MIN)
+    fn read_any(&self, id: &RecordKey) -> StoreResult<Option<Loaded>> {
+        read_loaded(&*self.records, id, i64::MIN)
     }
 
     /// Writes a record and its index entries.
     fn put(&mut self, record: &Record) -> StoreResult<()> {
         let key = codec::record_key(&record.id);
-        let value = codec::encode_record(record);
+        // Sealed before the bytes reach the table or the log frame.
+        let value = codec::encode_record_sealed(record, self.keyring)
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
         self.records
             .insert(key.as_slice(), value.as_slice())
             .map_err(|e| storage_error("write", e))?;
@@ -844,7 +938,7 @@ impl Tables<'_, '_> {
         }
         let mut removed = 0;
         for (expires_at_ms, id) in due {
-            match self.read_any(&id)? {
+            match self.read_any(&id)?.map(|loaded| loaded.record) {
                 // Only the record this entry was written for; a record
                 // re-created under the same key has its own entry.
                 Some(record)
@@ -880,12 +974,17 @@ impl Store for EmbeddedStore {
 
     async fn insert_if_absent(&self, record: &Record, now_ms: i64) -> StoreResult<InsertOutcome> {
         let record = record.clone();
-        self.submit(|reply| WriteOp::Insert {
-            record,
-            now_ms,
-            reply,
+        let reply = self
+            .submit(|reply| WriteOp::Insert {
+                record,
+                now_ms,
+                reply,
+            })
+            .await?;
+        Ok(match reply {
+            InsertReply::Inserted => InsertOutcome::Inserted,
+            InsertReply::Exists(existing) => InsertOutcome::Exists(self.unseal(existing)?),
         })
-        .await
     }
 
     async fn replace_if(
@@ -896,13 +995,15 @@ impl Store for EmbeddedStore {
     ) -> StoreResult<CasOutcome> {
         let record = record.clone();
         let expected = expected.clone();
-        self.submit(|reply| WriteOp::Replace {
-            record,
-            expected,
-            now_ms,
-            reply,
-        })
-        .await
+        let reply = self
+            .submit(|reply| WriteOp::Replace {
+                record,
+                expected,
+                now_ms,
+                reply,
+            })
+            .await?;
+        self.cas_outcome(reply)
     }
 
     async fn delete_if(
@@ -913,13 +1014,15 @@ impl Store for EmbeddedStore {
     ) -> StoreResult<CasOutcome> {
         let id = id.clone();
         let expected = expected.clone();
-        self.submit(|reply| WriteOp::Delete {
-            id,
-            expected,
-            now_ms,
-            reply,
-        })
-        .await
+        let reply = self
+            .submit(|reply| WriteOp::Delete {
+                id,
+                expected,
+                now_ms,
+                reply,
+            })
+            .await?;
+        self.cas_outcome(reply)
     }
 
     async fn list_pending(&self, query: &PendingQuery, now_ms: i64) -> StoreResult<PendingPage> {
@@ -972,7 +1075,7 @@ impl Store for EmbeddedStore {
             if query.endpoint.as_ref().is_some_and(|e| *e != id.endpoint) {
                 continue;
             }
-            let Some(record) = read_live(&records, &id, now_ms)? else {
+            let Some(record) = self.read_live(&records, &id, now_ms)? else {
                 continue;
             };
             if record.pending_since_ms() != Some(since) || !record.needs_decision(now_ms) {
