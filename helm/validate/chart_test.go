@@ -651,6 +651,79 @@ func TestOperatorScenario(t *testing.T) {
 	}
 }
 
+func TestEncryptionKeyring(t *testing.T) {
+	// keyring returns the IDEMD_ENCRYPTION_KEYS file's Secret and key, and
+	// the mode of its volume; "" when encryption is off.
+	keyring := func(t *testing.T, docs []Doc) (source, key string, mode int32) {
+		t.Helper()
+		pod := serverPod(t, docs)
+		c := pod.Spec.Containers[0]
+		e, ok := envOf(c)["IDEMD_ENCRYPTION_KEYS"]
+		if !ok {
+			for _, v := range pod.Spec.Volumes {
+				if v.Name == "encryption-keys" {
+					t.Error("encryption-keys volume without IDEMD_ENCRYPTION_KEYS")
+				}
+			}
+			return "", "", 0
+		}
+		// The file must lie in a read-only mount of a Secret volume that
+		// projects one of its keys to that file name.
+		for _, m := range c.VolumeMounts {
+			if !m.ReadOnly || filepath.Dir(e.Value) != filepath.Clean(m.MountPath) {
+				continue
+			}
+			for _, v := range pod.Spec.Volumes {
+				if v.Name != m.Name || v.Secret == nil {
+					continue
+				}
+				for _, item := range v.Secret.Items {
+					if item.Path == filepath.Base(e.Value) {
+						source, key = "secret/"+v.Secret.SecretName, item.Key
+						if v.Secret.DefaultMode != nil {
+							mode = *v.Secret.DefaultMode
+						}
+					}
+				}
+			}
+		}
+		if source == "" {
+			t.Fatalf("IDEMD_ENCRYPTION_KEYS=%s is not a file of a mounted Secret", e.Value)
+		}
+		return source, key, mode
+	}
+
+	// The scenario: embedded store, keyring under a custom key.
+	source, key, mode := keyring(t, render(t, "-f", filepath.Join(chartDir, "ci", "encryption-values.yaml")))
+	if source != "secret/idemd-encryption-keys" || key != "keyring" {
+		t.Errorf("scenario keyring: %s key %s", source, key)
+	}
+	// Readable by the pod's fsGroup, never by others.
+	if mode == 0 || mode&0o007 != 0 {
+		t.Errorf("keyring volume mode %o is world-accessible or unset", mode)
+	}
+
+	// CQL (the default store), default key.
+	source, key, _ = keyring(t, render(t, "--set", "encryption.existingSecret=keys"))
+	if source != "secret/keys" || key != "keys" {
+		t.Errorf("cql keyring: %s key %s", source, key)
+	}
+
+	// Off by default: no variable, no volume.
+	if source, _, _ := keyring(t, render(t)); source != "" {
+		t.Errorf("encryption on by default: %s", source)
+	}
+
+	// The migration job never needs the keyring.
+	for _, job := range find[*batchv1.Job](render(t, "--set", "encryption.existingSecret=keys")) {
+		for _, c := range job.Spec.Template.Spec.Containers {
+			if _, ok := envOf(c)["IDEMD_ENCRYPTION_KEYS"]; ok {
+				t.Errorf("job %s gets the keyring", job.Name)
+			}
+		}
+	}
+}
+
 func TestPoliciesChangeRestartsPods(t *testing.T) {
 	checksum := func(args ...string) string {
 		return serverPod(t, render(t, args...)).Annotations["checksum/config"]
@@ -896,6 +969,9 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		"tls.enabled not boolean": {"--set-string", "cql.tls.enabled=yes"},
 		"audit retention":         {"--set", "server.auditRetention=forever"},
 		"otlp endpoint no scheme": {"--set", "server.otlpEndpoint=collector:4317"},
+		"encryption unknown key":  {"--set", "encryption.file=/keys"},
+		"encryption secret name":  {"--set", "encryption.existingSecret=Not_A_Name"},
+		"encryption key path":     {"--set", "encryption.key=../keys"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, stderr, err := runHelm(templateArgs(args...)...)

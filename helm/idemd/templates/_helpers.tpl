@@ -285,6 +285,10 @@ spec:
         - name: IDEMD_AUTH_TOKENS
           value: {{ printf "/etc/idemd/auth/%s" .Values.auth.key | quote }}
         {{- end }}
+        {{- if .Values.encryption.existingSecret }}
+        - name: IDEMD_ENCRYPTION_KEYS
+          value: {{ printf "/etc/idemd/encryption/%s" .Values.encryption.key | quote }}
+        {{- end }}
         {{- if eq .Values.store "embedded" }}
         - name: IDEMD_DATA_DIR
           value: /var/lib/idemd
@@ -339,6 +343,11 @@ spec:
           mountPath: /etc/idemd/auth
           readOnly: true
         {{- end }}
+        {{- if .Values.encryption.existingSecret }}
+        - name: encryption-keys
+          mountPath: /etc/idemd/encryption
+          readOnly: true
+        {{- end }}
         {{- if eq .Values.store "embedded" }}
         - name: data
           mountPath: /var/lib/idemd
@@ -359,6 +368,17 @@ spec:
         items:
           - key: {{ $.Values.auth.key | quote }}
             path: {{ $.Values.auth.key | quote }}
+    {{- end }}
+    {{- with .Values.encryption.existingSecret }}
+    - name: encryption-keys
+      secret:
+        secretName: {{ . | quote }}
+        # Owner root, readable through fsGroup only: never world-readable
+        # (idemd warns about a world-readable keyring).
+        defaultMode: 0440
+        items:
+          - key: {{ $.Values.encryption.key | quote }}
+            path: {{ $.Values.encryption.key | quote }}
     {{- end }}
     {{- if and (ne .Values.store "embedded") .Values.cql.tls.enabled }}
     {{- include "idemd.cqlTlsVolume" . | nindent 4 }}
