@@ -19,9 +19,15 @@
 //!   `PERMISSION_DENIED`. The file is re-read on SIGHUP and when it changes;
 //!   a file that fails to parse keeps the previous table in force (and logs
 //!   why), so a bad edit cannot lock every caller out.
-//! * Without it, auth is off (a warning is logged at start), every caller is
-//!   `admin`, and the tenant is the `x-tenant-id` metadata, or `default`. For
-//!   development and trusted networks only.
+//! * With mTLS and a client-tenants mapping (`--tls-client-tenants`, see
+//!   [`crate::tls`]), the caller is the mapping entry of its verified client
+//!   certificate. With both a mapping and a tokens file, a call must carry
+//!   both credentials, they must name the same tenant, and it gets the lesser
+//!   role and only the endpoints both allow.
+//! * Without either, auth is off (a warning is logged at start), every
+//!   caller is `admin`, and the tenant is the `x-tenant-id` metadata, or
+//!   `default`. For development and trusted networks only. Whenever tokens
+//!   or a certificate mapping are on, `x-tenant-id` is never read.
 //!
 //! The tenant is never taken from a request field.
 
@@ -63,7 +69,8 @@ impl Role {
         }
     }
 
-    fn parse(value: &str) -> Option<Self> {
+    /// The role named `value` in a tokens or client-tenants file.
+    pub fn parse(value: &str) -> Option<Self> {
         match value {
             "service" => Some(Role::Service),
             "reconciler" => Some(Role::Reconciler),
@@ -105,6 +112,45 @@ pub struct Caller {
 }
 
 impl Caller {
+    /// What a call authenticated by both `self` and `other` (a token and a
+    /// client certificate) may do: they must name the same tenant; the call
+    /// gets the lesser role and only endpoints both allow-lists allow.
+    pub fn narrowed(self, other: &Caller) -> Result<Caller, AuthError> {
+        if self.tenant != other.tenant {
+            return Err(AuthError::TenantMismatch);
+        }
+        let endpoint_prefixes = match (&self.endpoint_prefixes, &other.endpoint_prefixes) {
+            (None, None) => None,
+            (Some(only), None) | (None, Some(only)) => Some(Arc::clone(only)),
+            (Some(mine), Some(theirs)) => {
+                // An endpoint matches both lists when it starts with a
+                // prefix of each; of two nested prefixes, the longer one
+                // says exactly that.
+                let mut both: Vec<String> = Vec::new();
+                for a in mine.iter() {
+                    for b in theirs.iter() {
+                        let longer = if a.starts_with(b.as_str()) {
+                            a
+                        } else if b.starts_with(a.as_str()) {
+                            b
+                        } else {
+                            continue;
+                        };
+                        if !both.contains(longer) {
+                            both.push(longer.clone());
+                        }
+                    }
+                }
+                Some(Arc::from(both))
+            }
+        };
+        Ok(Caller {
+            tenant: self.tenant,
+            role: self.role.min(other.role),
+            endpoint_prefixes,
+        })
+    }
+
     /// Checks that the caller may perform `action` on `endpoint` (empty for
     /// a listing across endpoints, which an allow-list forbids: the caller
     /// must narrow it to an allowed endpoint).
@@ -149,6 +195,21 @@ pub enum AuthError {
     /// the listing is not narrowed to one endpoint).
     #[error("the token is not allowed on this endpoint (name an endpoint it is allowed on)")]
     EndpointNotAllowed,
+    /// mTLS tenants are on and the connection has no client certificate.
+    #[error("missing credentials: a client certificate is required")]
+    MissingCertificate,
+    /// The client certificate cannot be read.
+    #[error("{0}")]
+    BadCertificate(String),
+    /// No SAN of the client certificate is in the client-tenants mapping.
+    #[error("the client certificate maps to no tenant")]
+    UnmappedCertificate,
+    /// The client certificate's SANs map to different grants.
+    #[error("the client certificate's names map to different tenants or roles")]
+    AmbiguousCertificate,
+    /// The token and the client certificate name different tenants.
+    #[error("the token and the client certificate belong to different tenants")]
+    TenantMismatch,
 }
 
 /// A problem in the tokens file, with its line number.
@@ -242,6 +303,8 @@ pub struct Authenticator {
     tokens: Option<Arc<RwLock<TokenTable>>>,
     /// Where the table comes from, for reloads.
     path: Option<PathBuf>,
+    /// mTLS: client-certificate SAN → caller.
+    certs: Option<crate::tls::ClientTenants>,
 }
 
 impl Authenticator {
@@ -250,6 +313,7 @@ impl Authenticator {
         Self {
             tokens: None,
             path: None,
+            certs: None,
         }
     }
 
@@ -259,32 +323,82 @@ impl Authenticator {
         Ok(Self {
             tokens: Some(Arc::new(RwLock::new(table))),
             path: Some(path.to_path_buf()),
+            certs: None,
         })
+    }
+
+    /// Also (or only) authenticates callers by their client certificate.
+    pub fn with_client_tenants(mut self, certs: crate::tls::ClientTenants) -> Self {
+        self.certs = Some(certs);
+        self
     }
 
     /// Whether credentials are required.
     pub fn is_enabled(&self) -> bool {
-        self.tokens.is_some()
+        self.tokens.is_some() || self.certs.is_some()
     }
 
-    /// The caller of a request with this metadata.
+    /// The caller of a request: its metadata and, over mTLS, its verified
+    /// client certificate.
+    pub fn authenticate_request<T>(
+        &self,
+        request: &tonic::Request<T>,
+    ) -> Result<Caller, AuthError> {
+        let certs = request.peer_certs();
+        self.authenticate_with(request.metadata(), certs.as_deref().map(Vec::as_slice))
+    }
+
+    /// The caller of a request with this metadata (and no client
+    /// certificate).
     pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Caller, AuthError> {
-        let Some(tokens) = &self.tokens else {
-            let tenant = match metadata.get(TENANT_HEADER) {
-                None => DEFAULT_TENANT.to_string(),
-                Some(value) => value
-                    .to_str()
-                    .map_err(|_| AuthError::BadTenantHeader("not ASCII".to_string()))?
-                    .to_string(),
-            };
-            validate::tenant(TENANT_HEADER, &tenant)
-                .map_err(|e| AuthError::BadTenantHeader(e.to_string()))?;
-            return Ok(Caller {
-                tenant,
-                role: Role::Admin,
-                endpoint_prefixes: None,
-            });
+        self.authenticate_with(metadata, None)
+    }
+
+    /// The caller of a request with this metadata and client certificate
+    /// chain (leaf first).
+    pub fn authenticate_with(
+        &self,
+        metadata: &MetadataMap,
+        peer_certs: Option<&[rustls::pki_types::CertificateDer<'_>]>,
+    ) -> Result<Caller, AuthError> {
+        let from_cert = match &self.certs {
+            Some(certs) => Some(certs.caller(peer_certs)?),
+            None => None,
         };
+        let from_token = match &self.tokens {
+            Some(tokens) => Some(Self::token_caller(tokens, metadata)?),
+            None => None,
+        };
+        match (from_token, from_cert) {
+            (Some(token), Some(cert)) => token.narrowed(&cert),
+            (Some(caller), None) | (None, Some(caller)) => Ok(caller),
+            (None, None) => Self::header_caller(metadata),
+        }
+    }
+
+    /// Auth off: the tenant from `x-tenant-id`, with every right.
+    fn header_caller(metadata: &MetadataMap) -> Result<Caller, AuthError> {
+        let tenant = match metadata.get(TENANT_HEADER) {
+            None => DEFAULT_TENANT.to_string(),
+            Some(value) => value
+                .to_str()
+                .map_err(|_| AuthError::BadTenantHeader("not ASCII".to_string()))?
+                .to_string(),
+        };
+        validate::tenant(TENANT_HEADER, &tenant)
+            .map_err(|e| AuthError::BadTenantHeader(e.to_string()))?;
+        Ok(Caller {
+            tenant,
+            role: Role::Admin,
+            endpoint_prefixes: None,
+        })
+    }
+
+    /// The caller of the bearer token in `metadata`.
+    fn token_caller(
+        tokens: &RwLock<TokenTable>,
+        metadata: &MetadataMap,
+    ) -> Result<Caller, AuthError> {
         let header = metadata
             .get("authorization")
             .and_then(|value| value.to_str().ok())
@@ -302,13 +416,18 @@ impl Authenticator {
         table.get(&digest).cloned().ok_or(AuthError::Unknown)
     }
 
-    /// The tenants of the tokens file (empty with auth off).
+    /// The tenants of the tokens file and the client-tenants mapping (empty
+    /// with auth off).
     pub fn tenants(&self) -> Vec<String> {
-        let Some(tokens) = &self.tokens else {
-            return Vec::new();
-        };
-        let table = tokens.read().unwrap_or_else(|e| e.into_inner());
-        let mut tenants: Vec<String> = table.values().map(|c| c.tenant.clone()).collect();
+        let mut tenants: Vec<String> = self
+            .certs
+            .as_ref()
+            .map(crate::tls::ClientTenants::tenants)
+            .unwrap_or_default();
+        if let Some(tokens) = &self.tokens {
+            let table = tokens.read().unwrap_or_else(|e| e.into_inner());
+            tenants.extend(table.values().map(|c| c.tenant.clone()));
+        }
         tenants.sort();
         tenants.dedup();
         tenants
@@ -474,6 +593,51 @@ adm {} admin POST /v1/payments, POST /v1/refunds # two
             admin.authorize(Action::Reconcile, ""),
             Err(AuthError::EndpointNotAllowed),
             "an allow-list forbids listings across every endpoint"
+        );
+    }
+
+    #[test]
+    fn combined_credentials_narrow_each_other() {
+        let caller = |tenant: &str, role, prefixes: Option<&[&str]>| Caller {
+            tenant: tenant.to_string(),
+            role,
+            endpoint_prefixes: prefixes
+                .map(|list| Arc::from(list.iter().map(|p| p.to_string()).collect::<Vec<_>>())),
+        };
+        let token = caller(
+            "acme",
+            Role::Admin,
+            Some(&["POST /v1/pay", "GET /v1/orders"]),
+        );
+        let cert = caller(
+            "acme",
+            Role::Service,
+            Some(&["POST /v1/payments", "PUT /x"]),
+        );
+        let both = token.clone().narrowed(&cert).expect("same tenant");
+        assert_eq!(both.role, Role::Service, "the lesser role");
+        assert_eq!(
+            both.endpoint_prefixes.as_deref(),
+            Some(&["POST /v1/payments".to_string()][..]),
+            "only endpoints both lists allow"
+        );
+        let open = caller("acme", Role::Reconciler, None);
+        assert_eq!(
+            open.clone()
+                .narrowed(&cert)
+                .expect("same tenant")
+                .endpoint_prefixes,
+            cert.endpoint_prefixes
+        );
+        assert_eq!(
+            open.narrowed(&caller("acme", Role::Admin, None))
+                .expect("same")
+                .role,
+            Role::Reconciler
+        );
+        assert_eq!(
+            token.narrowed(&caller("globex", Role::Admin, None)),
+            Err(AuthError::TenantMismatch)
         );
     }
 

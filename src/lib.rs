@@ -14,7 +14,10 @@
 //! * [`config`]: command line, `IDEMD_*` environment and the TOML policy
 //!   file, layered and validated into [`config::Settings`].
 //! * [`auth`]: who is calling. Resolves the tenant from credentials (bearer
-//!   tokens) or, with auth off, from the `x-tenant-id` metadata.
+//!   tokens, mTLS client certificates) or, with auth off, from the
+//!   `x-tenant-id` metadata.
+//! * [`tls`]: TLS of the gRPC port with certificates reloaded from disk,
+//!   and mTLS client-certificate → tenant mapping.
 //! * [`api`]: the gRPC handlers. Converts protobuf messages to engine calls
 //!   and maps every engine error to a `tonic::Status` in one place
 //!   ([`api::status`]). Never touches a database type.
@@ -54,3 +57,4 @@ pub mod proto;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod tls;

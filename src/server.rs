@@ -36,6 +36,7 @@ use crate::store::Store;
 use crate::store::cql::CqlStore;
 use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::store::instrumented::InstrumentedStore;
+use crate::tls::{ClientTenants, TlsError, TlsServer};
 
 /// Fully qualified name of the service, as health checks know it.
 pub const SERVICE_NAME: &str = "idemd.v1.Idempotency";
@@ -77,6 +78,9 @@ pub enum ServerError {
     /// A background task panicked.
     #[error("server task failed: {0}")]
     Task(String),
+    /// A TLS file or setting is unusable.
+    #[error("tls: {0}")]
+    Tls(#[from] crate::tls::TlsError),
     /// The encryption keyring is invalid.
     #[error("{0}")]
     Keyring(#[from] crate::crypto::KeyringError),
@@ -238,6 +242,46 @@ impl RunningServer {
     }
 }
 
+/// The authenticator the settings ask for: tokens, client-certificate
+/// tenants (mTLS), both, or neither (auth off), and the certificate mapping
+/// to watch for changes. The rules are in [`crate::tls`].
+fn authenticator(
+    settings: &Settings,
+) -> Result<(Authenticator, Option<ClientTenants>), ServerError> {
+    let tls = settings.tls.as_ref();
+    let client_ca = tls.and_then(|tls| tls.client_ca.as_deref());
+    let mapping = tls.and_then(|tls| tls.client_tenants.as_deref());
+    if mapping.is_some() && client_ca.is_none() {
+        return Err(TlsError::Settings(
+            "--tls-client-tenants needs --tls-client-ca: only verified client certificates may name a tenant".to_string(),
+        )
+        .into());
+    }
+    if client_ca.is_some() && mapping.is_none() && settings.auth_tokens.is_none() {
+        return Err(TlsError::Settings(
+            "--tls-client-ca without --tls-client-tenants or --auth-tokens: client certificates would be verified but name no tenant; add a mapping, a tokens file, or both".to_string(),
+        )
+        .into());
+    }
+    let mut auth = match &settings.auth_tokens {
+        Some(path) => Authenticator::from_file(path)?,
+        None => Authenticator::disabled(),
+    };
+    let client_tenants = match mapping {
+        Some(path) => Some(ClientTenants::from_file(path)?),
+        None => None,
+    };
+    if let Some(client_tenants) = &client_tenants {
+        auth = auth.with_client_tenants(client_tenants.clone());
+    }
+    if !auth.is_enabled() {
+        tracing::warn!(
+            "authentication is off (no --auth-tokens or --tls-client-tenants): the tenant comes from the x-tenant-id header; do not expose this port"
+        );
+    }
+    Ok((auth, client_tenants))
+}
+
 /// Loads the encryption keyring the settings name, if any.
 pub fn load_keyring(settings: &Settings) -> Result<Option<Arc<Keyring>>, ServerError> {
     let Some(path) = &settings.encryption_keys else {
@@ -311,13 +355,15 @@ pub async fn start_with_store<F>(
 where
     F: std::future::Future<Output = Result<Arc<dyn Store>, ServerError>> + Send + 'static,
 {
+    // TLS files and the authenticator first: a bad certificate or mapping
+    // fails start-up, naming the file, before the port is bound.
+    let tls = match &settings.tls {
+        Some(tls) => Some(TlsServer::new(tls)?),
+        None => None,
+    };
+    let (auth, client_tenants) = authenticator(&settings)?;
     // Refuse settings this build cannot honour rather than serve without
     // the protection the operator asked for.
-    if settings.tls.is_some() {
-        return Err(ServerError::Unsupported(
-            "--tls-cert: TLS is not available in this build".to_string(),
-        ));
-    }
     // `--encryption-keys` is honoured by the store (see `open_store`); a
     // keyring that does not load fails start-up here, before the port is
     // bound, rather than in the store's open.
@@ -343,16 +389,6 @@ where
         source,
     })?;
 
-    let auth = match &settings.auth_tokens {
-        Some(path) => Authenticator::from_file(path)?,
-        None => {
-            tracing::warn!(
-                "authentication is off (no --auth-tokens): the tenant comes from the x-tenant-id header; do not expose this port"
-            );
-            Authenticator::disabled()
-        }
-    };
-
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_service_status("", ServingStatus::NotServing)
@@ -375,7 +411,8 @@ where
     let (shutdown_tx, mut shutdown_rx) = watch::channel(false);
     let mut drain_rx = shutdown_rx.clone();
     let health_on_shutdown = health.clone();
-    let serve = tonic::transport::Server::builder()
+    let accept_rx = shutdown_rx.clone();
+    let router = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         // Dead peers are detected without waiting for TCP timeouts.
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
@@ -383,17 +420,29 @@ where
         .add_service(health_service)
         .add_service(reflection)
         .add_service(idempotency)
-        .add_service(audit_service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
-            let _ = shutdown_rx.wait_for(|stop| *stop).await;
-            health_on_shutdown
-                .set_service_status("", ServingStatus::NotServing)
-                .await;
-            health_on_shutdown
-                .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
-                .await;
-            tracing::info!("shutting down: draining in-flight requests");
-        });
+        .add_service(audit_service);
+    let signal = async move {
+        let _ = shutdown_rx.wait_for(|stop| *stop).await;
+        health_on_shutdown
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
+        health_on_shutdown
+            .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
+            .await;
+        tracing::info!("shutting down: draining in-flight requests");
+    };
+    type Serving =
+        std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>>;
+    let serve: Serving = match &tls {
+        // Our acceptor does the TLS handshakes (see `crate::tls` for why
+        // not tonic's); tonic serves the finished streams.
+        Some(tls) => {
+            Box::pin(router.serve_with_incoming_shutdown(tls.incoming(listener, accept_rx), signal))
+        }
+        None => {
+            Box::pin(router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), signal))
+        }
+    };
     let serve_task = tokio::spawn(serve);
 
     let store: Arc<dyn Store> = match open_store.await {
@@ -452,6 +501,13 @@ where
         ))
     });
     let watcher = tokio::spawn(auth.watch(TOKENS_POLL));
+    let mut tls_watchers = Vec::new();
+    if let Some(tls) = &tls {
+        tls_watchers.push(tokio::spawn(tls.clone().watch(TOKENS_POLL)));
+    }
+    if let Some(client_tenants) = client_tenants {
+        tls_watchers.push(tokio::spawn(client_tenants.watch(TOKENS_POLL)));
+    }
     let drain_timeout = settings.drain_timeout;
     let task = tokio::spawn(async move {
         let mut serve_task = serve_task;
@@ -469,6 +525,9 @@ where
         };
         sweeper.abort();
         watcher.abort();
+        for tls_watcher in &tls_watchers {
+            tls_watcher.abort();
+        }
         if let Some(task) = pending_gauges {
             task.abort();
         }

@@ -231,6 +231,18 @@ func invariants(t *testing.T, docs []Doc) {
 	c := pod.Spec.Containers[0]
 	env := envOf(c)
 	for name, probe := range map[string]*corev1.Probe{"startup": c.StartupProbe, "readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
+		if _, tls := env["IDEMD_TLS_CERT"]; tls {
+			// The kubelet's gRPC probes cannot speak TLS: with TLS the
+			// chart probes the port with tcpSocket.
+			if probe == nil || probe.TCPSocket == nil || probe.GRPC != nil {
+				t.Errorf("%s probe with TLS on is not tcpSocket", name)
+				continue
+			}
+			if !strings.HasSuffix(env["IDEMD_LISTEN"].Value, ":"+probe.TCPSocket.Port.String()) {
+				t.Errorf("%s probe port %s is not the listen address %s", name, probe.TCPSocket.Port.String(), env["IDEMD_LISTEN"].Value)
+			}
+			continue
+		}
 		if probe == nil || probe.GRPC == nil {
 			t.Errorf("%s probe is not a native gRPC probe", name)
 			continue
@@ -300,6 +312,15 @@ func invariants(t *testing.T, docs []Doc) {
 	if env["IDEMD_METRICS_LISTEN"].Value == "" {
 		t.Error("IDEMD_METRICS_LISTEN not set")
 	}
+	// Every TLS file the server is pointed at lies in a volume mounted
+	// read-only from the Secret or ConfigMap holding it, under its key.
+	for _, name := range []string{"IDEMD_TLS_CERT", "IDEMD_TLS_KEY", "IDEMD_TLS_CLIENT_CA", "IDEMD_TLS_CLIENT_TENANTS"} {
+		if e, ok := env[name]; ok {
+			if _, _, ok := mountedFile(pod, c, e.Value); !ok {
+				t.Errorf("%s=%s is not a file of a mounted Secret or ConfigMap", name, e.Value)
+			}
+		}
+	}
 	// Every secret reference is to an existing Secret that holds the key
 	// the env or the file path uses.
 	for _, e := range c.Env {
@@ -307,6 +328,39 @@ func invariants(t *testing.T, docs []Doc) {
 			t.Errorf("env %s: only secretKeyRef is expected", e.Name)
 		}
 	}
+}
+
+// mountedFile finds the Secret or ConfigMap volume that provides path in
+// container c: its source name ("secret/NAME" or "configmap/NAME"), the key,
+// and whether it was found (read-only mount, key projected to the file).
+func mountedFile(pod *corev1.PodTemplateSpec, c corev1.Container, path string) (string, string, bool) {
+	for _, m := range c.VolumeMounts {
+		if !m.ReadOnly || filepath.Dir(path) != filepath.Clean(m.MountPath) {
+			continue
+		}
+		file := filepath.Base(path)
+		for _, v := range pod.Spec.Volumes {
+			if v.Name != m.Name {
+				continue
+			}
+			var source string
+			var items []corev1.KeyToPath
+			switch {
+			case v.Secret != nil:
+				source, items = "secret/"+v.Secret.SecretName, v.Secret.Items
+			case v.ConfigMap != nil:
+				source, items = "configmap/"+v.ConfigMap.Name, v.ConfigMap.Items
+			default:
+				continue
+			}
+			for _, item := range items {
+				if item.Path == file {
+					return source, item.Key, true
+				}
+			}
+		}
+	}
+	return "", "", false
 }
 
 func checkMigrationJob(t *testing.T, job *batchv1.Job) {
@@ -651,6 +705,66 @@ func TestOperatorScenario(t *testing.T) {
 	}
 }
 
+func TestTLSAndMTLS(t *testing.T) {
+	type file struct{ source, key string }
+	files := func(t *testing.T, docs []Doc) (map[string]file, *corev1.Container) {
+		pod := serverPod(t, docs)
+		c := pod.Spec.Containers[0]
+		out := map[string]file{}
+		for name, e := range envOf(c) {
+			if strings.HasPrefix(name, "IDEMD_TLS_") {
+				source, key, ok := mountedFile(pod, c, e.Value)
+				if !ok {
+					t.Fatalf("%s=%s is not mounted", name, e.Value)
+				}
+				out[name] = file{source, key}
+			}
+		}
+		return out, &c
+	}
+
+	// The scenario: TLS, mTLS with a tenants ConfigMap, and tokens.
+	docs := render(t, "-f", filepath.Join(chartDir, "ci", "mtls-values.yaml"))
+	got, c := files(t, docs)
+	want := map[string]file{
+		"IDEMD_TLS_CERT":           {"secret/idemd-tls", "tls.crt"},
+		"IDEMD_TLS_KEY":            {"secret/idemd-tls", "tls.key"},
+		"IDEMD_TLS_CLIENT_CA":      {"secret/idemd-client-ca", "ca.crt"},
+		"IDEMD_TLS_CLIENT_TENANTS": {"configmap/idemd-client-tenants", "client-tenants"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("TLS files:\n got %v\nwant %v", got, want)
+	}
+	if envOf(*c)["IDEMD_AUTH_TOKENS"].Value == "" {
+		t.Error("tokens not configured beside mTLS")
+	}
+	if c.ReadinessProbe.TCPSocket == nil {
+		t.Error("readiness is not tcpSocket with TLS on")
+	}
+
+	// Server TLS only: no client CA, no mapping; probes tcpSocket.
+	got, c = files(t, render(t, "--set", "tls.existingSecret=web-tls"))
+	if len(got) != 2 || got["IDEMD_TLS_CERT"] != (file{"secret/web-tls", "tls.crt"}) {
+		t.Errorf("server TLS only: %v", got)
+	}
+	if c.StartupProbe.TCPSocket == nil || c.LivenessProbe.TCPSocket == nil {
+		t.Error("probes are not tcpSocket with TLS on")
+	}
+
+	// The mapping from a Secret, with a custom key; no tokens.
+	got, _ = files(t, render(t, "--set", "tls.existingSecret=t", "--set", "tls.clientCA.existingSecret=ca", "--set", "tls.clientCA.key=bundle.pem",
+		"--set", "tls.clientTenants.existingSecret=map", "--set", "tls.clientTenants.key=tenants.txt"))
+	if got["IDEMD_TLS_CLIENT_TENANTS"] != (file{"secret/map", "tenants.txt"}) || got["IDEMD_TLS_CLIENT_CA"] != (file{"secret/ca", "bundle.pem"}) {
+		t.Errorf("mapping from a Secret: %v", got)
+	}
+
+	// Without TLS the probes stay native gRPC and no TLS variable is set.
+	got, c = files(t, render(t))
+	if len(got) != 0 || c.ReadinessProbe.GRPC == nil {
+		t.Errorf("TLS off: files %v, readiness %v", got, c.ReadinessProbe)
+	}
+}
+
 func TestEncryptionKeyring(t *testing.T) {
 	// keyring returns the IDEMD_ENCRYPTION_KEYS file's Secret and key, and
 	// the mode of its volume; "" when encryption is off.
@@ -969,6 +1083,8 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		"tls.enabled not boolean": {"--set-string", "cql.tls.enabled=yes"},
 		"audit retention":         {"--set", "server.auditRetention=forever"},
 		"otlp endpoint no scheme": {"--set", "server.otlpEndpoint=collector:4317"},
+		"tls unknown key":         {"--set", "tls.cert=/tls.crt"},
+		"tls secret not a name":   {"--set", "tls.existingSecret=Not_A_Name"},
 		"encryption unknown key":  {"--set", "encryption.file=/keys"},
 		"encryption secret name":  {"--set", "encryption.existingSecret=Not_A_Name"},
 		"encryption key path":     {"--set", "encryption.key=../keys"},
@@ -997,6 +1113,10 @@ func TestRefusedCombinations(t *testing.T) {
 		"tls without a CA":              {[]string{"--set", "cql.tls.enabled=true"}, "needs cql.tls.caSecret or cql.tls.caConfigMap"},
 		"grace shorter than drain":      {[]string{"--set", "terminationGracePeriodSeconds=10"}, "shorter than lifecycle.preStopSleepSeconds + server.drainTimeoutSeconds"},
 		"policy number not integer":     {[]string{"--set-json", "policies.defaults.max_response_bytes=1.5"}, "schema"},
+		"client CA without TLS":         {[]string{"--set", "tls.clientCA.existingSecret=ca", "--set", "auth.existingSecret=tok"}, "tls.clientCA needs tls.existingSecret"},
+		"client tenants without CA":     {[]string{"--set", "tls.existingSecret=t", "--set", "tls.clientTenants.existingConfigMap=m"}, "tls.clientTenants needs tls.clientCA.existingSecret"},
+		"client CA naming no tenant":    {[]string{"--set", "tls.existingSecret=t", "--set", "tls.clientCA.existingSecret=ca"}, "name no tenant"},
+		"tenants from two sources":      {[]string{"--set", "tls.existingSecret=t", "--set", "tls.clientCA.existingSecret=ca", "--set", "tls.clientTenants.existingConfigMap=m", "--set", "tls.clientTenants.existingSecret=s"}, "set only one of tls.clientTenants"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, stderr, err := runHelm(templateArgs(c.args...)...)
@@ -1050,13 +1170,20 @@ func TestNotes(t *testing.T) {
 				t.Fatal(err)
 			}
 			notes := cm.Data["notes"]
-			for _, want := range []string{"idemd.payments.svc.cluster.local:50051", "grpcurl -plaintext", "port-forward svc/idemd 50051:50051", "idemd.v1.Idempotency/Claim"} {
+			grpcurl := "grpcurl -plaintext"
+			if name == "mtls" {
+				grpcurl = "grpcurl -cacert ca.crt -servername idemd.payments.svc -cert client.crt -key client.key"
+			}
+			for _, want := range []string{"idemd.payments.svc.cluster.local:50051", grpcurl, "port-forward svc/idemd 50051:50051", "idemd.v1.Idempotency/Claim"} {
 				if !strings.Contains(notes, want) {
 					t.Errorf("NOTES lacks %q:\n%s", want, notes)
 				}
 			}
+			if name == "mtls" && strings.Contains(notes, "-plaintext") {
+				t.Errorf("NOTES of a TLS release suggest plaintext:\n%s", notes)
+			}
 			authOff := strings.Contains(notes, "authentication is OFF")
-			hasAuth := name == "embedded" || name == "cql-full"
+			hasAuth := name == "embedded" || name == "cql-full" || name == "mtls"
 			if authOff == hasAuth {
 				t.Errorf("auth warning shown=%v for a release with auth=%v", authOff, hasAuth)
 			}

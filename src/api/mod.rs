@@ -55,7 +55,7 @@ impl IdempotencyService {
     ) -> Result<String, Status> {
         let caller = self
             .auth
-            .authenticate(request.metadata())
+            .authenticate_request(request)
             .map_err(status::auth_status)?;
         crate::telemetry::annotate(&[("idemd.tenant", &caller.tenant)]);
         caller

@@ -15,6 +15,7 @@
 //! | store `Undecryptable`   | `INTERNAL`            | ErrorInfo `RESPONSE_UNDECRYPTABLE`; names the key id |
 //! | store `Closed`          | `UNAVAILABLE`         | shutting down                            |
 //! | auth: no/unknown token  | `UNAUTHENTICATED`     |                                          |
+//! | auth: client cert unmapped, or token and cert tenants differ | `UNAUTHENTICATED` |               |
 //! | auth: role or endpoint  | `PERMISSION_DENIED`   | ErrorInfo `ROLE_NOT_ALLOWED` / `ENDPOINT_NOT_ALLOWED` |
 
 use std::collections::HashMap;
@@ -112,7 +113,13 @@ fn store_status(error: StoreError) -> Status {
 /// Maps an authentication failure.
 pub fn auth_status(error: AuthError) -> Status {
     match error {
-        AuthError::Missing | AuthError::Unknown => Status::unauthenticated(error.to_string()),
+        AuthError::Missing
+        | AuthError::Unknown
+        | AuthError::MissingCertificate
+        | AuthError::BadCertificate(_)
+        | AuthError::UnmappedCertificate
+        | AuthError::AmbiguousCertificate
+        | AuthError::TenantMismatch => Status::unauthenticated(error.to_string()),
         AuthError::BadTenantHeader(description) => {
             bad_request(Code::InvalidArgument, "x-tenant-id", &description)
         }

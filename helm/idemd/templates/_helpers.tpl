@@ -105,6 +105,19 @@ Checks of combinations the schema cannot express; rendered by every workload.
 {{- fail "set only one of cql.tls.caSecret and cql.tls.caConfigMap" }}
 {{- end }}
 {{- end }}
+{{- if and .Values.tls.clientCA.existingSecret (not .Values.tls.existingSecret) }}
+{{- fail "tls.clientCA needs tls.existingSecret (the server certificate): mTLS is TLS with client certificates" }}
+{{- end }}
+{{- if and .Values.tls.clientTenants.existingConfigMap .Values.tls.clientTenants.existingSecret }}
+{{- fail "set only one of tls.clientTenants.existingConfigMap and tls.clientTenants.existingSecret" }}
+{{- end }}
+{{- $clientTenants := or .Values.tls.clientTenants.existingConfigMap .Values.tls.clientTenants.existingSecret }}
+{{- if and $clientTenants (not .Values.tls.clientCA.existingSecret) }}
+{{- fail "tls.clientTenants needs tls.clientCA.existingSecret: only verified client certificates may name a tenant" }}
+{{- end }}
+{{- if and .Values.tls.clientCA.existingSecret (not $clientTenants) (not .Values.auth.existingSecret) }}
+{{- fail "tls.clientCA without tls.clientTenants or auth.existingSecret: client certificates would be verified but name no tenant" }}
+{{- end }}
 {{- $minGrace := add .Values.lifecycle.preStopSleepSeconds .Values.server.drainTimeoutSeconds }}
 {{- if and (not (kindIs "invalid" .Values.terminationGracePeriodSeconds)) (lt (int .Values.terminationGracePeriodSeconds) (int $minGrace)) }}
 {{- fail (printf "terminationGracePeriodSeconds=%v is shorter than lifecycle.preStopSleepSeconds + server.drainTimeoutSeconds = %d: the kubelet would kill in-flight requests" .Values.terminationGracePeriodSeconds (int $minGrace)) }}
@@ -285,6 +298,20 @@ spec:
         - name: IDEMD_AUTH_TOKENS
           value: {{ printf "/etc/idemd/auth/%s" .Values.auth.key | quote }}
         {{- end }}
+        {{- if .Values.tls.existingSecret }}
+        - name: IDEMD_TLS_CERT
+          value: /etc/idemd/tls/tls.crt
+        - name: IDEMD_TLS_KEY
+          value: /etc/idemd/tls/tls.key
+        {{- end }}
+        {{- if .Values.tls.clientCA.existingSecret }}
+        - name: IDEMD_TLS_CLIENT_CA
+          value: {{ printf "/etc/idemd/tls-client-ca/%s" .Values.tls.clientCA.key | quote }}
+        {{- end }}
+        {{- if or .Values.tls.clientTenants.existingConfigMap .Values.tls.clientTenants.existingSecret }}
+        - name: IDEMD_TLS_CLIENT_TENANTS
+          value: {{ printf "/etc/idemd/tls-client-tenants/%s" .Values.tls.clientTenants.key | quote }}
+        {{- end }}
         {{- if .Values.encryption.existingSecret }}
         - name: IDEMD_ENCRYPTION_KEYS
           value: {{ printf "/etc/idemd/encryption/%s" .Values.encryption.key | quote }}
@@ -307,6 +334,23 @@ spec:
         - name: metrics
           containerPort: {{ .Values.ports.metrics }}
           protocol: TCP
+      {{- if .Values.tls.existingSecret }}
+      {{- /* The kubelet's gRPC probes cannot speak TLS (nor present a client
+      certificate): with TLS the probes only check that the port accepts
+      connections. docs/security.md, "Kubernetes probes". */}}
+      startupProbe:
+        tcpSocket:
+          port: {{ .Values.ports.grpc }}
+        {{- toYaml .Values.probes.startup | nindent 8 }}
+      readinessProbe:
+        tcpSocket:
+          port: {{ .Values.ports.grpc }}
+        {{- toYaml .Values.probes.readiness | nindent 8 }}
+      livenessProbe:
+        tcpSocket:
+          port: {{ .Values.ports.grpc }}
+        {{- toYaml .Values.probes.liveness | nindent 8 }}
+      {{- else }}
       startupProbe:
         grpc:
           port: {{ .Values.ports.grpc }}
@@ -322,6 +366,7 @@ spec:
           port: {{ .Values.ports.grpc }}
           service: ""
         {{- toYaml .Values.probes.liveness | nindent 8 }}
+      {{- end }}
       {{- if gt (int .Values.lifecycle.preStopSleepSeconds) 0 }}
       lifecycle:
         preStop:
@@ -341,6 +386,21 @@ spec:
         {{- if .Values.auth.existingSecret }}
         - name: auth-tokens
           mountPath: /etc/idemd/auth
+          readOnly: true
+        {{- end }}
+        {{- if .Values.tls.existingSecret }}
+        - name: tls
+          mountPath: /etc/idemd/tls
+          readOnly: true
+        {{- end }}
+        {{- if .Values.tls.clientCA.existingSecret }}
+        - name: tls-client-ca
+          mountPath: /etc/idemd/tls-client-ca
+          readOnly: true
+        {{- end }}
+        {{- if or .Values.tls.clientTenants.existingConfigMap .Values.tls.clientTenants.existingSecret }}
+        - name: tls-client-tenants
+          mountPath: /etc/idemd/tls-client-tenants
           readOnly: true
         {{- end }}
         {{- if .Values.encryption.existingSecret }}
@@ -368,6 +428,40 @@ spec:
         items:
           - key: {{ $.Values.auth.key | quote }}
             path: {{ $.Values.auth.key | quote }}
+    {{- end }}
+    {{- with .Values.tls.existingSecret }}
+    - name: tls
+      secret:
+        secretName: {{ . | quote }}
+        items:
+          - key: tls.crt
+            path: tls.crt
+          - key: tls.key
+            path: tls.key
+    {{- end }}
+    {{- with .Values.tls.clientCA.existingSecret }}
+    - name: tls-client-ca
+      secret:
+        secretName: {{ . | quote }}
+        items:
+          - key: {{ $.Values.tls.clientCA.key | quote }}
+            path: {{ $.Values.tls.clientCA.key | quote }}
+    {{- end }}
+    {{- with .Values.tls.clientTenants.existingConfigMap }}
+    - name: tls-client-tenants
+      configMap:
+        name: {{ . | quote }}
+        items:
+          - key: {{ $.Values.tls.clientTenants.key | quote }}
+            path: {{ $.Values.tls.clientTenants.key | quote }}
+    {{- end }}
+    {{- with .Values.tls.clientTenants.existingSecret }}
+    - name: tls-client-tenants
+      secret:
+        secretName: {{ . | quote }}
+        items:
+          - key: {{ $.Values.tls.clientTenants.key | quote }}
+            path: {{ $.Values.tls.clientTenants.key | quote }}
     {{- end }}
     {{- with .Values.encryption.existingSecret }}
     - name: encryption-keys
