@@ -11,12 +11,13 @@
 
 use std::fmt::Debug;
 
+use idemd::api::audit::timestamp_ms;
+use idemd::api::{duration_ms, response_from_pb};
 use idemd::audit::{AuditCursor, key_sha256};
 use idemd::engine::{Policy, validate};
 use idemd::fingerprint::{self, RequestParts};
 use idemd::proto::v1 as pb;
 use idemd::store::embedded::codec;
-use idemd_fuzz::{duration_ms, response_from_pb, timestamp_ms};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 

@@ -25,7 +25,7 @@ fn event_to_pb(event: AuditEvent) -> pb::AuditEvent {
 }
 
 /// Unix ms of a protobuf timestamp (saturating; `since` only bounds a scan).
-fn timestamp_ms(value: &prost_types::Timestamp) -> i64 {
+pub fn timestamp_ms(value: &prost_types::Timestamp) -> i64 {
     value
         .seconds
         .saturating_mul(1000)

@@ -5,7 +5,7 @@
 //! result back. Errors become statuses in [`status`] and nowhere else. This
 //! layer never sees a storage type beyond the engine's domain records.
 
-mod audit;
+pub mod audit;
 pub mod status;
 
 use std::sync::Arc;
@@ -133,7 +133,7 @@ fn is_rejection(error: &EngineError) -> bool {
 /// Signed milliseconds of a protobuf duration, `None` when absent. Positive
 /// sub-millisecond durations round up to 1 ms and negative ones stay
 /// negative, so validation sees the sign the caller sent.
-fn duration_ms(duration: Option<&prost_types::Duration>) -> Option<i64> {
+pub fn duration_ms(duration: Option<&prost_types::Duration>) -> Option<i64> {
     let duration = duration?;
     let nanos = i128::from(duration.seconds) * 1_000_000_000 + i128::from(duration.nanos);
     let millis = if nanos > 0 {
@@ -159,7 +159,9 @@ fn duration(value: std::time::Duration) -> prost_types::Duration {
     }
 }
 
-fn response_from_pb(response: Option<pb::StoredResponse>) -> StoredResponse {
+/// A stored response as the engine keeps it; an absent message is the
+/// empty response (status 0), which validation then judges.
+pub fn response_from_pb(response: Option<pb::StoredResponse>) -> StoredResponse {
     let response = response.unwrap_or_default();
     StoredResponse {
         status: response.status,
