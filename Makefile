@@ -19,7 +19,7 @@ release:
 	$(CARGO) build --release
 
 ## test: everything CI checks, from a fresh machine.
-test: fmt-check clippy deny cargo-test cql-test observability-test helm-test sdk-test bench-smoke
+test: fmt-check clippy deny cargo-test cql-test observability-test helm-test sdk-test bench-smoke fuzz-smoke
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
