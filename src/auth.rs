@@ -267,20 +267,8 @@ pub fn parse_tokens(path: &Path, text: &str) -> Result<TokenTable, TokenFileErro
                 )
             })?,
         };
-        let endpoint_prefixes = match fields.next().map(str::trim).filter(|r| !r.is_empty()) {
-            None => None,
-            Some(list) => {
-                let prefixes: Vec<String> =
-                    list.split(',').map(str::trim).map(str::to_string).collect();
-                if let Some(empty) = prefixes.iter().position(String::is_empty) {
-                    return Err(error(
-                        line_number,
-                        format!("endpoint prefix {} is empty", empty + 1),
-                    ));
-                }
-                Some(Arc::from(prefixes))
-            }
-        };
+        let endpoint_prefixes = parse_endpoint_prefixes(fields.next().unwrap_or(""))
+            .map_err(|description| error(line_number, description))?;
         let caller = Caller {
             tenant: (*tenant).to_string(),
             role,
@@ -451,31 +439,16 @@ impl Authenticator {
             return;
         };
         let mut last_seen = file_stamp(&path);
-        #[cfg(unix)]
-        let mut hangup =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-        loop {
-            #[cfg(unix)]
-            let signalled = async {
-                match hangup.as_mut() {
-                    Some(signal) => {
-                        signal.recv().await;
-                    }
-                    None => std::future::pending::<()>().await,
+        crate::tls::watch_loop(poll, |signalled| {
+            let reason = if signalled {
+                "sighup"
+            } else {
+                let stamp = file_stamp(&path);
+                if stamp == last_seen {
+                    return;
                 }
-            };
-            #[cfg(not(unix))]
-            let signalled = std::future::pending::<()>();
-            let reason = tokio::select! {
-                () = signalled => "sighup",
-                () = tokio::time::sleep(poll) => {
-                    let stamp = file_stamp(&path);
-                    if stamp == last_seen {
-                        continue;
-                    }
-                    last_seen = stamp;
-                    "file changed"
-                }
+                last_seen = stamp;
+                "file changed"
             };
             match self.reload() {
                 Ok(count) => tracing::info!(reason, tokens = count, "auth tokens reloaded"),
@@ -485,8 +458,23 @@ impl Authenticator {
                     "auth tokens file invalid; keeping the previous tokens"
                 ),
             }
-        }
+        })
+        .await;
     }
+}
+
+/// The optional allow-list at the end of a tokens or client-tenants line:
+/// comma-separated endpoint prefixes; `None` when the rest is empty.
+pub(crate) fn parse_endpoint_prefixes(rest: &str) -> Result<Option<Arc<[String]>>, String> {
+    let rest = rest.trim();
+    if rest.is_empty() {
+        return Ok(None);
+    }
+    let prefixes: Vec<String> = rest.split(',').map(str::trim).map(str::to_string).collect();
+    if let Some(empty) = prefixes.iter().position(String::is_empty) {
+        return Err(format!("endpoint prefix {} is empty", empty + 1));
+    }
+    Ok(Some(Arc::from(prefixes)))
 }
 
 fn read_tokens(path: &Path) -> Result<TokenTable, TokenFileError> {

@@ -451,19 +451,8 @@ fn parse_client_tenants(path: &Path, text: &str) -> Result<SanTable, TlsError> {
             })?,
         };
         let rest = fields.collect::<Vec<_>>().join(" ");
-        let endpoint_prefixes = if rest.is_empty() {
-            None
-        } else {
-            let prefixes: Vec<String> =
-                rest.split(',').map(str::trim).map(str::to_string).collect();
-            if let Some(empty) = prefixes.iter().position(String::is_empty) {
-                return Err(error(
-                    line_number,
-                    format!("endpoint prefix {} is empty", empty + 1),
-                ));
-            }
-            Some(Arc::from(prefixes))
-        };
+        let endpoint_prefixes = crate::auth::parse_endpoint_prefixes(&rest)
+            .map_err(|description| error(line_number, description))?;
         let caller = Caller {
             tenant: tenant.to_string(),
             role,
@@ -613,8 +602,10 @@ fn read_client_tenants(path: &Path) -> Result<SanTable, TlsError> {
     parse_client_tenants(path, &text)
 }
 
-/// Calls `check(false)` every `poll` and `check(true)` on SIGHUP, forever.
-async fn watch_loop(poll: Duration, mut check: impl FnMut(bool)) {
+/// Calls `check(false)` every `poll` and `check(true)` on SIGHUP, forever:
+/// the reload loop of every file idemd watches (tokens, certificates,
+/// client tenants).
+pub(crate) async fn watch_loop(poll: Duration, mut check: impl FnMut(bool)) {
     #[cfg(unix)]
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     loop {
