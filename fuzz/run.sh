@@ -25,6 +25,7 @@ fi
 SECONDS_PER_TARGET="$1"
 shift
 TARGETS=("$@")
+TARGET_ARGS=("$@")
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=("${ALL_TARGETS[@]}")
 
 if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
@@ -54,14 +55,43 @@ BUILD_FLAGS=(--release --debug-assertions --sanitizer address --target-dir "$TAR
 BIN_DIR="$TARGET_DIR/x86_64-unknown-linux-gnu/release"
 if [ "${IDEMD_FUZZ_NO_BUILD:-0}" = 1 ]; then
   echo "==> IDEMD_FUZZ_NO_BUILD=1: running the binaries already in $BIN_DIR"
-elif [ $# -eq 0 ]; then
-  echo "==> building fuzz targets: ${TARGETS[*]}"
-  cargo fuzz build "${BUILD_FLAGS[@]}"
 else
-  echo "==> building fuzz targets: ${TARGETS[*]}"
-  for target in "${TARGETS[@]}"; do
-    cargo fuzz build "${BUILD_FLAGS[@]}" "$target"
-  done
+  BUILD_LOG="$WORK/logs/build.log"
+  mkdir -p "$WORK/logs"
+  build_targets() {
+    if [ ${#TARGET_ARGS[@]} -eq 0 ]; then
+      cargo fuzz build "${BUILD_FLAGS[@]}" 2>&1 | tee -a "$BUILD_LOG" || return $?
+    else
+      for target in "${TARGET_ARGS[@]}"; do
+        cargo fuzz build "${BUILD_FLAGS[@]}" "$target" 2>&1 | tee -a "$BUILD_LOG" || return $?
+      done
+    fi
+  }
+  report_build_failure() {
+    # A failed link prints a command line of several kilobytes before the
+    # linker's own message; show the messages, not the command.
+    echo "fuzz build failed (exit $1); errors from $BUILD_LOG:" >&2
+    grep -v '^ *= note: *"cc"' "$BUILD_LOG" | grep -E -i 'error|warning: build failed|lld|collect2|no space|killed|memory' | cut -c1-400 | tail -n 40 >&2 || true
+    df -h "$TARGET_DIR" >&2 || true
+    free -m >&2 || true
+  }
+  echo "==> building fuzz targets: ${TARGETS[*]} (log: $BUILD_LOG)"
+  : >"$BUILD_LOG"
+  build_status=0
+  build_targets || build_status=$?
+  if [ "$build_status" -ne 0 ]; then
+    report_build_failure "$build_status"
+    # Four sanitized binaries of ~100 MB link in parallel; a machine short of
+    # memory fails there. One retry with one job tells that apart from a real
+    # build error, which fails again and stops the run.
+    echo "==> retrying the fuzz build with one job" >&2
+    build_status=0
+    CARGO_BUILD_JOBS=1 build_targets || build_status=$?
+    if [ "$build_status" -ne 0 ]; then
+      report_build_failure "$build_status"
+      exit "$build_status"
+    fi
+  fi
 fi
 
 failed=()
