@@ -43,6 +43,23 @@ pub const MAX_RESPONSE_BYTES_LIMIT: usize = 4 * 1024 * 1024;
 /// Longest `max_wait` a policy may set: a waiting Claim holds an RPC open.
 pub const MAX_WAIT_LIMIT: Duration = Duration::from_secs(60);
 
+/// Default memory of the completed-record cache. Together with
+/// [`DEFAULT_STORE_CACHE_BYTES`] this is most of what idemd's memory use
+/// depends on: with both at their defaults a server under 1,000 concurrent
+/// requests stays under 64 MiB resident (docs/benchmarks.md, P5). Replays of
+/// keys that fall out of the cache are read from the store, not lost.
+pub const DEFAULT_CACHE_BYTES: usize = 8 * 1024 * 1024;
+
+/// Default page cache of the embedded store (redb's cache). Fresh keys are
+/// written at random places in the B-trees, so a bigger cache mostly holds
+/// pages that will not be touched again soon; the OS page cache, which is not
+/// charged to idemd's resident memory, backs it.
+pub const DEFAULT_STORE_CACHE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Smallest store page cache accepted: below a few hundred pages every
+/// B-tree descent reads from the file.
+pub const MIN_STORE_CACHE_BYTES: usize = 1024 * 1024;
+
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
 pub enum LogFormat {
@@ -259,8 +276,11 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEMD_SWEEP_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
     pub sweep_interval: Duration,
     /// Memory for cached completed records (replays), in bytes.
-    #[arg(long, env = "IDEMD_CACHE_BYTES", default_value_t = 16 * 1024 * 1024)]
+    #[arg(long, env = "IDEMD_CACHE_BYTES", default_value_t = DEFAULT_CACHE_BYTES)]
     pub cache_bytes: usize,
+    /// Page cache of the embedded store's database file, in bytes.
+    #[arg(long, env = "IDEMD_STORE_CACHE_BYTES", default_value_t = DEFAULT_STORE_CACHE_BYTES)]
+    pub store_cache_bytes: usize,
     /// Prometheus `/metrics` address (separate from the gRPC port); `off`
     /// disables the exporter.
     #[arg(long, env = "IDEMD_METRICS_LISTEN", default_value = "0.0.0.0:9464")]
@@ -390,6 +410,8 @@ pub struct Settings {
     pub sweep_interval: Duration,
     /// Completed-record cache size.
     pub cache_bytes: usize,
+    /// Embedded store page cache size.
+    pub store_cache_bytes: usize,
     /// Endpoint policies.
     pub policies: PolicySet,
     /// Prometheus exporter address; `None` disables it.
@@ -418,7 +440,8 @@ impl Settings {
             log: "info".to_string(),
             drain_timeout: Duration::from_secs(20),
             sweep_interval: Duration::from_secs(30),
-            cache_bytes: 16 * 1024 * 1024,
+            cache_bytes: DEFAULT_CACHE_BYTES,
+            store_cache_bytes: DEFAULT_STORE_CACHE_BYTES,
             policies: PolicySet::default(),
             metrics_listen: None,
             metrics_label_caps: (100, 100),
@@ -456,6 +479,7 @@ impl Settings {
             drain_timeout: args.drain_timeout,
             sweep_interval: args.sweep_interval,
             cache_bytes: args.cache_bytes,
+            store_cache_bytes: args.store_cache_bytes,
             policies,
             metrics_listen: match args.metrics_listen.trim() {
                 "off" | "" => None,
@@ -491,6 +515,12 @@ impl Settings {
             return Err(ConfigError::new(
                 "sweep_interval",
                 "must be greater than zero",
+            ));
+        }
+        if self.store_cache_bytes < MIN_STORE_CACHE_BYTES {
+            return Err(ConfigError::new(
+                "store_cache_bytes",
+                format!("must be at least {MIN_STORE_CACHE_BYTES} (1 MiB)"),
             ));
         }
         if self.audit_retention < Duration::from_secs(1) {
@@ -669,5 +699,15 @@ mod tests {
         assert!(err.description.contains("leese"), "{err}");
         let err = settings_with("[defaults]\nmax_response_bytes = 0\n").expect_err("zero");
         assert_eq!(err.field, "defaults.max_response_bytes");
+    }
+
+    #[test]
+    fn store_cache_has_a_floor() {
+        let mut settings = Settings::for_data_dir("unused");
+        settings.store_cache_bytes = MIN_STORE_CACHE_BYTES - 1;
+        let err = settings.validate().expect_err("below the floor");
+        assert_eq!(err.field, "store_cache_bytes");
+        settings.store_cache_bytes = MIN_STORE_CACHE_BYTES;
+        settings.validate().expect("at the floor");
     }
 }

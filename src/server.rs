@@ -304,6 +304,7 @@ pub async fn open_store(settings: &Settings) -> Result<Arc<dyn Store>, ServerErr
     match &settings.store {
         StoreSettings::Embedded => {
             let mut options = EmbeddedOptions::new(settings.data_dir.clone());
+            options.cache_bytes = settings.store_cache_bytes;
             options.keyring = keyring;
             let store = tokio::task::spawn_blocking(move || EmbeddedStore::open(&options))
                 .await

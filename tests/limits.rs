@@ -109,6 +109,57 @@ async fn new_keys_are_rate_limited_per_tenant_and_replays_are_not() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_claims_of_one_new_key_cost_one_token() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut settings = test_settings(dir.path());
+    // The manual clock never advances here: no refill, only the burst.
+    settings.limits.claim_rate = 1.0;
+    settings.limits.claim_burst = 2;
+    let server = TestServer::start(dir, settings, None).await;
+
+    let mut racers = Vec::new();
+    for _ in 0..8 {
+        let mut client = server.new_client().await;
+        racers.push(tokio::spawn(async move {
+            client
+                .claim(as_tenant("acme", claim(PAYMENTS, "race-1", 1)))
+                .await
+        }));
+    }
+    let mut winners = 0;
+    for racer in racers {
+        match racer.await.expect("racer task") {
+            Ok(response) => {
+                let outcome = outcome_name(&response.into_inner());
+                assert!(
+                    outcome == "claimed" || outcome == "in_progress",
+                    "{outcome}"
+                );
+                winners += usize::from(outcome == "claimed");
+            }
+            // A racer refused before the winner's insert was visible: it
+            // would have created the key, so the limit applies to it.
+            Err(status) => assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}"),
+        }
+    }
+    assert_eq!(winners, 1, "exactly one racer creates the key");
+
+    // However many racers took a token, the losers gave theirs back: the
+    // burst of 2 has exactly one key left in it.
+    let mut client = server.new_client().await;
+    client
+        .claim(as_tenant("acme", claim(PAYMENTS, "race-2", 1)))
+        .await
+        .expect("the second token of the burst is still there");
+    let status = client
+        .claim(as_tenant("acme", claim(PAYMENTS, "race-3", 1)))
+        .await
+        .expect_err("the burst is spent");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_beyond_the_in_flight_limit_are_shed() {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut settings = test_settings(dir.path());

@@ -72,6 +72,22 @@ impl ClaimLimiter {
         let wait_ms = ((1.0 - tokens) / self.per_ms).ceil().max(1.0);
         Err(Duration::from_millis(wait_ms as u64))
     }
+
+    /// Gives back the token of a Claim that did not create the key after
+    /// all: it raced with another Claim of the same key, which did. Without
+    /// this, N concurrent Claims of one new key would cost N tokens, and a
+    /// burst of retries of one operation would be refused as if it created
+    /// N keys.
+    pub fn refund(&self, tenant: &str, now_ms: i64) {
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(bucket) = buckets.get_mut(tenant) {
+            let tokens = self.refilled(*bucket, now_ms);
+            *bucket = Bucket {
+                tokens: (tokens + 1.0).min(self.burst),
+                updated_ms: now_ms,
+            };
+        }
+    }
 }
 
 #[cfg(test)]
@@ -94,6 +110,24 @@ mod tests {
         for _ in 0..3 {
             assert_eq!(limiter.try_acquire("a", 1_000_000), Ok(()));
         }
+        assert!(limiter.try_acquire("a", 1_000_000).is_err());
+    }
+
+    #[test]
+    fn a_refund_returns_the_token_up_to_the_burst() {
+        let limiter = ClaimLimiter::new(10.0, 2);
+        assert_eq!(limiter.try_acquire("a", 0), Ok(()));
+        assert_eq!(limiter.try_acquire("a", 0), Ok(()));
+        assert!(limiter.try_acquire("a", 0).is_err());
+        limiter.refund("a", 0);
+        assert_eq!(limiter.try_acquire("a", 0), Ok(()), "the refunded token");
+        assert!(limiter.try_acquire("a", 0).is_err());
+        // Refunds never lift the bucket above the burst.
+        for _ in 0..5 {
+            limiter.refund("a", 1_000_000);
+        }
+        assert_eq!(limiter.try_acquire("a", 1_000_000), Ok(()));
+        assert_eq!(limiter.try_acquire("a", 1_000_000), Ok(()));
         assert!(limiter.try_acquire("a", 1_000_000).is_err());
     }
 

@@ -608,16 +608,23 @@ impl Engine {
             let Some(existing) = current.take() else {
                 // Only creating a key is rate-limited: replays and answers
                 // about existing keys never reach this point.
-                if let Some(limiter) = &self.claim_limiter {
-                    limiter
-                        .try_acquire(&request.id.tenant, now)
-                        .map_err(|retry_after| EngineError::RateLimited {
-                            retry_after,
-                            description: format!(
-                                "the tenant's rate of new keys is exhausted; retry in {} ms",
-                                retry_after.as_millis()
-                            ),
-                        })?;
+                if let Some(limiter) = &self.claim_limiter
+                    && let Err(retry_after) = limiter.try_acquire(&request.id.tenant, now)
+                {
+                    // A concurrent Claim of the same key may have created it
+                    // since the read: then this one is an answer about an
+                    // existing key, which the limit does not apply to.
+                    if let Some(created) = self.read(&request.id, now).await? {
+                        current = Some(created);
+                        continue;
+                    }
+                    return Err(EngineError::RateLimited {
+                        retry_after,
+                        description: format!(
+                            "the tenant's rate of new keys is exhausted; retry in {} ms",
+                            retry_after.as_millis()
+                        ),
+                    });
                 }
                 let record = request.new_record(now, 1);
                 match self.store.insert_if_absent(&record, now).await? {
@@ -632,6 +639,11 @@ impl Engine {
                         return Ok(ClaimOutcome::Claimed(lease_of(&record)));
                     }
                     InsertOutcome::Exists(winner) => {
+                        // Another Claim created the key first: this one
+                        // created nothing and is not charged for it.
+                        if let Some(limiter) = &self.claim_limiter {
+                            limiter.refund(&request.id.tenant, now);
+                        }
                         current = Some(winner);
                         continue;
                     }

@@ -286,6 +286,10 @@ spec:
           value: {{ printf "%ds" (int .Values.server.drainTimeoutSeconds) | quote }}
         - name: IDEMD_CACHE_BYTES
           value: {{ int64 .Values.server.cacheBytes | quote }}
+        {{- if eq .Values.store "embedded" }}
+        - name: IDEMD_STORE_CACHE_BYTES
+          value: {{ int64 .Values.server.storeCacheBytes | quote }}
+        {{- end }}
         - name: IDEMD_AUDIT_RETENTION
           value: {{ .Values.server.auditRetention | quote }}
         {{- with .Values.server.otlpEndpoint }}

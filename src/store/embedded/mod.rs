@@ -128,7 +128,7 @@ impl EmbeddedOptions {
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {
             data_dir: data_dir.into(),
-            cache_bytes: 32 * 1024 * 1024,
+            cache_bytes: crate::config::DEFAULT_STORE_CACHE_BYTES,
             keyring: None,
         }
     }
