@@ -24,42 +24,42 @@ const ALLOCATION_OVERHEAD_BYTES: usize = 16;
 const LRU_NODE_BYTES: usize =
     2 * size_of::<usize>() + size_of::<RecordKey>() + size_of::<(Arc<Record>, usize)>() + 16;
 
-/// Heap bytes of one owned buffer of `capacity` bytes, or nothing if empty.
-fn buffer_bytes(capacity: usize) -> usize {
-    if capacity == 0 {
+/// Heap bytes of one owned buffer of `len` bytes, or nothing if empty. The
+/// cache holds clones, and a clone allocates exactly the length, so lengths
+/// measured on the original are the clone's allocations.
+fn buffer_bytes(len: usize) -> usize {
+    if len == 0 {
         0
     } else {
-        capacity + ALLOCATION_OVERHEAD_BYTES
+        len + ALLOCATION_OVERHEAD_BYTES
     }
 }
 
 fn record_key_bytes(id: &RecordKey) -> usize {
-    buffer_bytes(id.tenant.capacity())
-        + buffer_bytes(id.endpoint.capacity())
-        + buffer_bytes(id.key.capacity())
+    buffer_bytes(id.tenant.len()) + buffer_bytes(id.endpoint.len()) + buffer_bytes(id.key.len())
 }
 
 /// Memory one cached entry takes: the LRU node (with its copy of the key),
 /// the `Arc`'d record and every buffer the record owns.
 pub fn charged_bytes(record: &Record) -> usize {
     let response = record.response.as_ref().map_or(0, |response| {
-        buffer_bytes(response.headers.capacity() * size_of::<(String, String)>())
+        buffer_bytes(response.headers.len() * size_of::<(String, String)>())
             + response
                 .headers
                 .iter()
-                .map(|(name, value)| buffer_bytes(name.capacity()) + buffer_bytes(value.capacity()))
+                .map(|(name, value)| buffer_bytes(name.len()) + buffer_bytes(value.len()))
                 .sum::<usize>()
-            + buffer_bytes(response.body.capacity())
-            + buffer_bytes(response.body_ref.capacity())
+            + buffer_bytes(response.body.len())
+            + buffer_bytes(response.body_ref.len())
     });
     LRU_NODE_BYTES
-        + record_key_bytes(&record.id)
+        // The key twice: the LRU's copy and the record's own.
+        + 2 * record_key_bytes(&record.id)
         + buffer_bytes(2 * size_of::<usize>() + size_of::<Record>())
-        + record_key_bytes(&record.id)
-        + buffer_bytes(record.fingerprint.capacity())
-        + buffer_bytes(record.lease_token.capacity())
-        + buffer_bytes(record.attempt_id.capacity())
-        + buffer_bytes(record.reason.capacity())
+        + buffer_bytes(record.fingerprint.len())
+        + buffer_bytes(record.lease_token.len())
+        + buffer_bytes(record.attempt_id.len())
+        + buffer_bytes(record.reason.len())
         + response
 }
 
@@ -117,14 +117,12 @@ impl CompletedCache {
         if record.state != RecordState::Completed {
             return;
         }
-        // Cloned before charging: the clones' capacities are what stays in
-        // memory (a clone allocates exactly the length).
-        let cached = Arc::new(record.clone());
-        let size = charged_bytes(&cached);
+        let size = charged_bytes(record);
         if size > self.budget_bytes / 8 {
             // One huge response must not flush the whole cache.
             return;
         }
+        let cached = Arc::new(record.clone());
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, old)) = inner.entries.put(cached.id.clone(), (cached, size)) {
             inner.used_bytes -= old;
