@@ -6,9 +6,12 @@ CARGO ?= cargo
 TARGET_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target))
 # The server binary the SDK conformance suites start.
 IDEMD_BIN ?= $(TARGET_DIR)/debug/idemd
+# Certificates of the SDK suites' TLS/mTLS tests, generated fresh by
+# examples/test_certs.rs (no private key is committed).
+IDEMD_TEST_CERTS ?= $(TARGET_DIR)/test-certs
 SDKS := python go typescript java
 
-.PHONY: all build release test fmt-check clippy cargo-test cql-test observability-test helm-test sdk-test $(addprefix sdk-,$(SDKS)) fuzz-smoke deny bench bench-smoke bench-soak run clean
+.PHONY: all build release test fmt-check clippy cargo-test cql-test observability-test helm-test sdk-test $(addprefix sdk-,$(SDKS)) test-certs fuzz-smoke deny bench bench-smoke bench-soak run clean
 
 all: build
 
@@ -51,8 +54,13 @@ helm-test:
 ## sdk-test: the four client SDKs against a live idemd (shared conformance suite).
 sdk-test: $(addprefix sdk-,$(SDKS))
 
-$(addprefix sdk-,$(SDKS)): build
-	IDEMD_BIN=$(IDEMD_BIN) IDEMD_METRICS_LISTEN=off clients/$(@:sdk-%=%)/test.sh
+$(addprefix sdk-,$(SDKS)): build test-certs
+	IDEMD_BIN=$(IDEMD_BIN) IDEMD_TEST_CERTS=$(IDEMD_TEST_CERTS) IDEMD_METRICS_LISTEN=off clients/$(@:sdk-%=%)/test.sh
+
+## test-certs: a CA, idemd's server certificate and two client certificates
+## (tenants alice and bob) for the SDK suites' TLS and mTLS tests.
+test-certs:
+	$(CARGO) run --quiet --example test_certs -- $(IDEMD_TEST_CERTS)
 
 ## fuzz-smoke: every fuzz target (fuzz/, cargo-fuzz + libFuzzer) for a short
 ## interval from its seed corpus; fails on any crash, timeout or OOM.

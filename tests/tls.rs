@@ -3,88 +3,24 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::certs::Ca;
 use common::{PAYMENTS, claim, test_settings};
 use idemd::clock::{Clock, ManualClock};
 use idemd::config::TlsSettings;
 use idemd::proto::v1 as pb;
 use idemd::proto::v1::idempotency_client::IdempotencyClient;
 use idemd::server::RunningServer;
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SanType,
-};
 use sha2::{Digest, Sha256};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 use tonic::{Code, Request, Status};
 
 const SPIFFE_A: &str = "spiffe://test.idemd/ns/a/sa/payments";
 const DNS_B: &str = "worker.tenant-b.example";
-
-/// A certificate authority that signs test certificates.
-struct Ca {
-    issuer: Issuer<'static, KeyPair>,
-    pem: String,
-}
-
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let mut params = CertificateParams::default();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let key = KeyPair::generate().expect("CA key");
-        let cert = params.self_signed(&key).expect("CA certificate");
-        Ca {
-            issuer: Issuer::new(params, key),
-            pem: cert.pem(),
-        }
-    }
-
-    /// A leaf certificate and its key, PEM.
-    fn leaf(&self, sans: Vec<SanType>, usage: ExtendedKeyUsagePurpose) -> (String, String) {
-        let mut params = CertificateParams::default();
-        params.distinguished_name.push(DnType::CommonName, "leaf");
-        params.subject_alt_names = sans;
-        params.extended_key_usages = vec![usage];
-        let key = KeyPair::generate().expect("leaf key");
-        let cert = params.signed_by(&key, &self.issuer).expect("leaf cert");
-        (cert.pem(), key.serialize_pem())
-    }
-
-    /// A server certificate for 127.0.0.1 and localhost.
-    fn server(&self) -> (String, String) {
-        self.leaf(
-            vec![
-                SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)),
-                SanType::DnsName("localhost".try_into().expect("dns")),
-            ],
-            ExtendedKeyUsagePurpose::ServerAuth,
-        )
-    }
-
-    fn client_uri(&self, uri: &str) -> (String, String) {
-        self.leaf(
-            vec![SanType::URI(uri.try_into().expect("uri"))],
-            ExtendedKeyUsagePurpose::ClientAuth,
-        )
-    }
-
-    fn client_dns(&self, name: &str) -> (String, String) {
-        self.leaf(
-            vec![SanType::DnsName(name.try_into().expect("dns"))],
-            ExtendedKeyUsagePurpose::ClientAuth,
-        )
-    }
-}
 
 fn write(path: &Path, text: &str) {
     std::fs::write(path, text).expect("write test file");

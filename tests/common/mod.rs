@@ -5,6 +5,7 @@
 //! every helper.
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod process;
 
 use std::sync::Arc;
