@@ -59,7 +59,11 @@ $(addprefix sdk-,$(SDKS)): build test-certs
 
 ## test-certs: a CA, idemd's server certificate and two client certificates
 ## (tenants alice and bob) for the SDK suites' TLS and mTLS tests.
-test-certs:
+## Generated once per target directory (rcgen's certificates do not expire
+## before 4096), so concurrent suites never see them change under them.
+test-certs: $(IDEMD_TEST_CERTS)/client-tenants.txt
+
+$(IDEMD_TEST_CERTS)/client-tenants.txt:
 	$(CARGO) run --quiet --example test_certs -- $(IDEMD_TEST_CERTS)
 
 ## fuzz-smoke: every fuzz target (fuzz/, cargo-fuzz + libFuzzer) for a short

@@ -1,8 +1,11 @@
 //! Writes the certificates the SDK suites use against a TLS idemd:
 //! `cargo run --example test_certs -- DIR` (`make sdk-test` does it).
 //!
-//! Generated fresh for each run rather than committed: no private key lives
-//! in the repository, and nothing expires under a test suite a year later.
+//! Generated on the machine rather than committed, so no private key lives
+//! in the repository. `make test-certs` writes them once per target
+//! directory (`client-tenants.txt`, written last, marks a complete set):
+//! rcgen's default validity runs to 4096, and suites running concurrently
+//! never see the files change under them.
 //!
 //! Files written in `DIR`:
 //!
