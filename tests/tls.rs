@@ -447,3 +447,111 @@ async fn bad_tls_files_fail_start_naming_the_file() {
         "{error}"
     );
 }
+
+/// `idemd audit` reaches a server that requires mTLS with its own client
+/// flags (`--ca-file`, `--client-cert`, `--client-key`), and refuses
+/// combinations that would silently drop TLS or fail obscurely.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_subcommand_speaks_mtls() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ca = Ca::new("CA");
+    let path = |name: &str| dir.path().join(name).to_string_lossy().to_string();
+    let server = ServerFiles::write(dir.path(), &ca);
+    let client = ca.client_uri(SPIFFE_A);
+    write(Path::new(&path("ca.pem")), &ca.pem);
+    write(Path::new(&path("client.crt")), &client.0);
+    write(Path::new(&path("client.key")), &client.1);
+    write(
+        Path::new(&path("tenants.txt")),
+        &format!("{SPIFFE_A} acme reconciler\n"),
+    );
+    write(
+        Path::new(&path("idemd.toml")),
+        &format!("[endpoints.\"{PAYMENTS}\"]\naudit = true\n"),
+    );
+    let process = common::process::spawn(
+        &dir.path().join("data"),
+        &[
+            "--config",
+            &path("idemd.toml"),
+            "--tls-cert",
+            &server.cert.to_string_lossy(),
+            "--tls-key",
+            &server.key.to_string_lossy(),
+            "--tls-client-ca",
+            &path("ca.pem"),
+            "--tls-client-tenants",
+            &path("tenants.txt"),
+        ],
+    );
+    let mut grpc = connect(process.addr, &ca.pem, Some(&client))
+        .await
+        .expect("mTLS connects");
+    do_claim(&mut grpc, "audited-key", &[])
+        .await
+        .expect("claim over mTLS");
+
+    let https = format!("https://localhost:{}", process.addr.port());
+    let audit = move |flags: Vec<String>| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_idemd"));
+        command
+            .args(["audit", "--endpoint", PAYMENTS, "--key", "audited-key"])
+            .args(flags)
+            .env_remove("IDEMD_TARGET_CA")
+            .env_remove("IDEMD_CLIENT_CERT")
+            .env_remove("IDEMD_CLIENT_KEY");
+        command.output().expect("run idemd audit")
+    };
+    let flags = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let (ca_pem, cert, key) = (path("ca.pem"), path("client.crt"), path("client.key"));
+    let runs = tokio::task::spawn_blocking({
+        let https = https.clone();
+        let plain = format!("http://{}", process.addr);
+        move || {
+            [
+                audit(flags(&[
+                    "--target",
+                    &https,
+                    "--ca-file",
+                    &ca_pem,
+                    "--client-cert",
+                    &cert,
+                    "--client-key",
+                    &key,
+                ])),
+                audit(flags(&["--target", &https, "--ca-file", &ca_pem])),
+                audit(flags(&["--target", &https])),
+                audit(flags(&["--target", &plain, "--ca-file", &ca_pem])),
+            ]
+        }
+    })
+    .await
+    .expect("join");
+    let [
+        with_certificate,
+        without_certificate,
+        without_ca,
+        plaintext_with_ca,
+    ] = runs;
+    let stdout = String::from_utf8_lossy(&with_certificate.stdout);
+    assert!(
+        with_certificate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&with_certificate.stderr)
+    );
+    assert!(stdout.contains("none -> claimed"), "{stdout}");
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+
+    assert!(
+        !without_certificate.status.success(),
+        "no client certificate"
+    );
+    assert!(without_certificate.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&without_ca.stderr);
+    assert!(!without_ca.status.success());
+    assert!(stderr.contains("--ca-file"), "{stderr}");
+    let stderr = String::from_utf8_lossy(&plaintext_with_ca.stderr);
+    assert!(!plaintext_with_ca.status.success());
+    assert!(stderr.contains("https://"), "{stderr}");
+    common::process::sigterm(&process);
+}
