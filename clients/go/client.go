@@ -48,6 +48,7 @@ type clientOptions struct {
 	plaintext   bool
 	caFile      string
 	tlsConfig   *tls.Config
+	clientCert  *clientCertificate
 	callTimeout time.Duration
 	dialOptions []grpc.DialOption
 }
@@ -73,6 +74,21 @@ func WithCAFile(path string) Option { return func(o *clientOptions) { o.caFile =
 // WithTLSConfig uses TLS with the given configuration.
 func WithTLSConfig(cfg *tls.Config) Option { return func(o *clientOptions) { o.tlsConfig = cfg } }
 
+// WithClientCertificate uses TLS and presents the PEM certificate chain in
+// certFile, with its private key in keyFile, to a server that requires client
+// certificates (mTLS); such a server takes the tenant from the certificate.
+// The pair is loaded once, by New, which fails if it cannot be (a renewed
+// certificate needs a new Client, or WithTLSConfig with a
+// GetClientCertificate callback). The server is
+// trusted through the system roots, or the CA of WithCAFile when given. It
+// conflicts with WithInsecure and with WithTLSConfig (set Certificates in
+// that tls.Config instead).
+func WithClientCertificate(certFile, keyFile string) Option {
+	return func(o *clientOptions) { o.clientCert = &clientCertificate{certFile: certFile, keyFile: keyFile} }
+}
+
+type clientCertificate struct{ certFile, keyFile string }
+
 // WithCallTimeout sets the default per-call deadline (DefaultCallTimeout when
 // not set; 0 disables it). A context deadline always takes precedence.
 func WithCallTimeout(d time.Duration) Option { return func(o *clientOptions) { o.callTimeout = d } }
@@ -83,8 +99,9 @@ func WithDialOptions(opts ...grpc.DialOption) Option {
 }
 
 // New creates a client for target (host:port, or any gRPC target URI). By
-// default it uses TLS with the system roots; see WithInsecure, WithCAFile and
-// WithTLSConfig. Connecting is lazy: New does not wait for the server.
+// default it uses TLS with the system roots; see WithInsecure, WithCAFile,
+// WithClientCertificate and WithTLSConfig. Connecting is lazy: New does not
+// wait for the server (a refused handshake surfaces on the first call).
 func New(target string, opts ...Option) (*Client, error) {
 	o := clientOptions{callTimeout: DefaultCallTimeout}
 	for _, opt := range opts {
@@ -96,26 +113,39 @@ func New(target string, opts ...Option) (*Client, error) {
 	var transport credentials.TransportCredentials
 	switch {
 	case o.plaintext:
-		if o.caFile != "" || o.tlsConfig != nil {
-			return nil, errors.New("idemd: WithInsecure conflicts with WithCAFile/WithTLSConfig")
+		if o.caFile != "" || o.tlsConfig != nil || o.clientCert != nil {
+			return nil, errors.New("idemd: WithInsecure conflicts with WithCAFile/WithClientCertificate/WithTLSConfig")
 		}
 		transport = insecure.NewCredentials()
 	case o.tlsConfig != nil && o.caFile != "":
 		return nil, errors.New("idemd: use either WithCAFile or WithTLSConfig, not both")
+	case o.tlsConfig != nil && o.clientCert != nil:
+		return nil, errors.New("idemd: use either WithClientCertificate or WithTLSConfig (with Certificates), not both")
 	case o.tlsConfig != nil:
 		transport = credentials.NewTLS(o.tlsConfig)
-	case o.caFile != "":
-		pem, err := os.ReadFile(o.caFile)
-		if err != nil {
-			return nil, fmt.Errorf("idemd: reading CA file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("idemd: no PEM certificate in CA file %s", o.caFile)
-		}
-		transport = credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
 	default:
-		transport = credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12}) // system roots
+		cfg := &tls.Config{MinVersion: tls.VersionTLS12} // nil RootCAs: the system roots
+		if o.caFile != "" {
+			pem, err := os.ReadFile(o.caFile)
+			if err != nil {
+				return nil, fmt.Errorf("idemd: reading CA file: %w", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("idemd: no PEM certificate in CA file %s", o.caFile)
+			}
+			cfg.RootCAs = pool
+		}
+		if o.clientCert != nil {
+			// Loaded here rather than per handshake so that a wrong path
+			// fails New instead of every call.
+			cert, err := tls.LoadX509KeyPair(o.clientCert.certFile, o.clientCert.keyFile)
+			if err != nil {
+				return nil, fmt.Errorf("idemd: loading client certificate: %w", err)
+			}
+			cfg.Certificates = []tls.Certificate{cert}
+		}
+		transport = credentials.NewTLS(cfg)
 	}
 
 	dial := []grpc.DialOption{

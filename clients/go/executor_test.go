@@ -3,20 +3,8 @@ package idemd_test
 // Executor behaviour beyond the shared scenarios, against a live idemd.
 
 import (
-	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"io"
-	"math/big"
-	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -363,109 +351,4 @@ func TestTenantHeader(t *testing.T) {
 	if got := lookupState(t, globex, paymentsEndpoint, key); got != "NOT_FOUND" {
 		t.Errorf("globex sees %s, want NOT_FOUND", got)
 	}
-}
-
-// TLS with a CA file: idemd behind a TLS-terminating proxy (idemd itself
-// serves plaintext gRPC and leaves TLS to the proxy in front of it).
-func TestTLSWithCAFile(t *testing.T) {
-	t.Parallel()
-	srv := testserver.Shared(t)
-	caFile, serverCert := testCertificates(t)
-	listener, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{
-		Certificates: []tls.Certificate{serverCert}, NextProtos: []string{"h2"}, MinVersion: tls.VersionTLS12,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { listener.Close() })
-	go proxy(listener, srv.Addr)
-
-	c, err := idemd.New(listener.Addr().String(), idemd.WithToken(credential(t, "alice")), idemd.WithCAFile(caFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	res, err := c.ExecuteOnce(context.Background(), paymentsEndpoint, newKey(t), payment,
-		func(context.Context) (*idemd.Response, error) { return created(`{"id":"pay_tls"}`), nil })
-	if err != nil || res.Replayed {
-		t.Fatalf("over TLS: %+v, %v", res, err)
-	}
-
-	// The system roots do not trust the test CA.
-	untrusting, err := idemd.New(listener.Addr().String(), idemd.WithToken(credential(t, "alice")),
-		idemd.WithCallTimeout(2*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer untrusting.Close()
-	_, err = untrusting.Lookup(context.Background(), &idemdv1.LookupRequest{Endpoint: paymentsEndpoint, Key: "k"})
-	if status.Code(err) != codes.Unavailable {
-		t.Errorf("untrusted certificate: err = %v, want UNAVAILABLE", err)
-	}
-
-	if _, err := idemd.New("localhost:1", idemd.WithInsecure(), idemd.WithCAFile(caFile)); err == nil {
-		t.Error("WithInsecure together with WithCAFile was accepted")
-	}
-}
-
-func proxy(listener net.Listener, backend string) {
-	for {
-		conn, err := listener.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer conn.Close()
-			up, err := net.Dial("tcp", backend)
-			if err != nil {
-				return
-			}
-			defer up.Close()
-			done := make(chan struct{}, 2)
-			go func() { _, _ = io.Copy(up, conn); done <- struct{}{} }()
-			go func() { _, _ = io.Copy(conn, up); done <- struct{}{} }()
-			<-done
-		}()
-	}
-}
-
-// testCertificates makes a CA (written to a PEM file) and a certificate for
-// 127.0.0.1 signed by it.
-func testCertificates(t *testing.T) (caFile string, cert tls.Certificate) {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caTemplate := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "idemd test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTemplate, caTemplate, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caFile = filepath.Join(t.TempDir(), "ca.pem")
-	var buf bytes.Buffer
-	_ = pem.Encode(&buf, &pem.Block{Type: "CERTIFICATE", Bytes: caDER})
-	if err := os.WriteFile(caFile, buf.Bytes(), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return caFile, tls.Certificate{Certificate: [][]byte{leafDER}, PrivateKey: key}
 }

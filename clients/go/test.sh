@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Builds and tests the Go SDK: installs the protoc plugins, generates the stubs,
 # vets, and runs every test (fingerprint and downstream-key vectors, the shared
-# conformance scenarios against a live idemd, the README program, the HTTP
-# example). Runnable from any directory; idempotent.
+# conformance scenarios against a live idemd, the TLS options against an idemd
+# serving mTLS, the README program, the HTTP example). Runnable from any
+# directory; idempotent.
 #
-#   IDEMD_BIN=/path/to/idemd clients/go/test.sh     # default: <repo>/target/debug/idemd
+#   IDEMD_BIN=/path/to/idemd IDEMD_TEST_CERTS=/path/to/test-certs clients/go/test.sh
+#
+# IDEMD_BIN defaults to <repo>/target/debug/idemd. IDEMD_TEST_CERTS is the
+# directory `make test-certs` writes ($CARGO_TARGET_DIR/test-certs); it has no
+# default: without it the TLS test fails and says so (`make sdk-go` sets both).
 #
 # Installs what is missing: Go (apt; a toolchain recent enough for go.mod from
 # the Go module proxy), mvn + unzip for scripts/protoc.sh (apt), the protoc
@@ -16,6 +21,10 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 export IDEMD_BIN="${IDEMD_BIN:-$root/target/debug/idemd}"
 case "$IDEMD_BIN" in /*) ;; *) IDEMD_BIN="$PWD/$IDEMD_BIN" ;; esac # the tests run elsewhere
+if [ -n "${IDEMD_TEST_CERTS:-}" ]; then
+  case "$IDEMD_TEST_CERTS" in /*) ;; *) IDEMD_TEST_CERTS="$PWD/$IDEMD_TEST_CERTS" ;; esac
+  export IDEMD_TEST_CERTS
+fi
 
 apt_install() {
   if command -v apt-get >/dev/null 2>&1; then
@@ -65,6 +74,6 @@ echo "== go generate (stubs from proto/idemd/v1/idempotency.proto)"
 go generate .
 echo "== go vet"
 go vet ./...
-echo "== go test (idemd: $IDEMD_BIN)"
+echo "== go test (idemd: $IDEMD_BIN, certificates: ${IDEMD_TEST_CERTS:-unset})"
 # -count=1: results depend on the idemd binary, so never reuse cached ones.
 go test -count=1 ${GO_TEST_FLAGS:-} ./...

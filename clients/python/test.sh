@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Python SDK: installs what it needs into .venv (pinned in requirements-dev.txt),
 # generates the gRPC stubs from proto/idemd/v1/idempotency.proto, and runs every
-# test (vectors, conformance scenarios, README, HTTP example, executor, packaging)
-# against a real idemd started from $IDEMD_BIN (default: <repo>/target/debug/idemd).
+# test (vectors, conformance scenarios, README, HTTP example, executor, TLS/mTLS,
+# packaging) against a real idemd started from $IDEMD_BIN (default:
+# <repo>/target/debug/idemd). The TLS test takes its certificates from
+# $IDEMD_TEST_CERTS (written by `make test-certs`) and fails when it is unset.
 #
-#   IDEMD_BIN=target/release/idemd clients/python/test.sh [pytest args...]
+#   IDEMD_BIN=target/release/idemd IDEMD_TEST_CERTS=target/test-certs clients/python/test.sh [pytest args...]
 set -euo pipefail
 
 sdk="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

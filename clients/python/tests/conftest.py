@@ -12,7 +12,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Dict, Iterator
+from typing import Dict, Iterator, Sequence
 
 import pytest
 
@@ -46,9 +46,9 @@ def _idemd_bin() -> Path:
 
 
 @contextlib.contextmanager
-def start_server(auth: bool = True) -> Iterator[Server]:
-    """An idemd on 127.0.0.1:0 with a fresh data dir, the conformance policies
-    and (with auth) the conformance tokens; stopped with SIGTERM."""
+def start_server(auth: bool = True, extra_args: Sequence[str] = ()) -> Iterator[Server]:
+    """An idemd on 127.0.0.1:0 with a fresh data dir, the conformance policies,
+    (with auth) the conformance tokens and ``extra_args``; stopped with SIGTERM."""
     with tempfile.TemporaryDirectory(prefix="idemd-py-") as data_dir:
         args = [
             str(_idemd_bin()),
@@ -59,6 +59,7 @@ def start_server(auth: bool = True) -> Iterator[Server]:
         ]
         if auth:
             args += ["--auth-tokens", str(CONFORMANCE / "tokens.txt")]
+        args += extra_args
         process = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,

@@ -65,13 +65,15 @@ func Binary() string {
 }
 
 // Start launches idemd with the conformance tokens and waits until it serves.
-func Start() (*Server, error) { return start(true) }
+// extraArgs are appended to the command line.
+func Start(extraArgs ...string) (*Server, error) { return start(true, extraArgs) }
 
 // StartWithoutAuth launches idemd without a tokens file: the tenant then
-// comes from the x-tenant-id header (development mode).
-func StartWithoutAuth() (*Server, error) { return start(false) }
+// comes from the x-tenant-id header (development mode), or from the client
+// certificate when extraArgs turn on mTLS (--tls-client-ca).
+func StartWithoutAuth(extraArgs ...string) (*Server, error) { return start(false, extraArgs) }
 
-func start(auth bool) (*Server, error) {
+func start(auth bool, extraArgs []string) (*Server, error) {
 	bin := Binary()
 	if _, err := os.Stat(bin); err != nil {
 		return nil, fmt.Errorf("idemd binary %s: %w (set IDEMD_BIN)", bin, err)
@@ -90,6 +92,7 @@ func start(auth bool) (*Server, error) {
 		args = append(args, "--auth-tokens", filepath.Join(conf, "tokens.txt"))
 	}
 	args = append(args, "--log-format", "json")
+	args = append(args, extraArgs...)
 	cmd := exec.Command(bin, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -162,6 +165,38 @@ func (s *Server) Stop() error {
 		return fmt.Errorf("idemd exited with status %d:\n%s", code, s.logTail.String())
 	}
 	return nil
+}
+
+// TestCerts is $IDEMD_TEST_CERTS, the directory of the TLS tests'
+// certificates (ca.pem, server.crt/key, alice.crt/key, bob.crt/key,
+// client-tenants.txt). An error, never a silent skip, when it is not usable:
+// the TLS options must be tested on every run.
+func TestCerts() (string, error) {
+	dir := os.Getenv("IDEMD_TEST_CERTS")
+	if dir == "" {
+		return "", errors.New("IDEMD_TEST_CERTS is not set: run `make test-certs` from the repository root " +
+			"and set IDEMD_TEST_CERTS to the directory it writes ($CARGO_TARGET_DIR/test-certs, default target/test-certs)")
+	}
+	for _, name := range []string{"ca.pem", "server.crt", "server.key", "alice.crt", "alice.key",
+		"bob.crt", "bob.key", "client-tenants.txt"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			return "", fmt.Errorf("IDEMD_TEST_CERTS=%s: %w (run `make test-certs`)", dir, err)
+		}
+	}
+	return dir, nil
+}
+
+// MTLSArgs are the flags that make idemd serve TLS with the certificates in
+// certs and require client certificates, whose SANs client-tenants.txt maps
+// to tenants. Use them with StartWithoutAuth: the tenant then comes from the
+// certificate alone.
+func MTLSArgs(certs string) []string {
+	return []string{
+		"--tls-cert", filepath.Join(certs, "server.crt"),
+		"--tls-key", filepath.Join(certs, "server.key"),
+		"--tls-client-ca", filepath.Join(certs, "ca.pem"),
+		"--tls-client-tenants", filepath.Join(certs, "client-tenants.txt"),
+	}
 }
 
 var (

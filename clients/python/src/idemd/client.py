@@ -39,11 +39,18 @@ class Client:
 
         client = Client("idemd.internal:50051", token=os.environ["IDEMD_TOKEN"])          # TLS, system roots
         client = Client("idemd.internal:50051", token=..., ca_file="/etc/idemd/ca.pem")   # TLS, private CA
+        client = Client("idemd.internal:50051", ca_file="/etc/idemd/ca.pem",
+                        cert_file="/etc/idemd/client.crt", key_file="/etc/idemd/client.key")  # mTLS
         client = Client("localhost:50051", insecure=True, tenant="dev")                   # plaintext dev server
 
     ``token`` is sent as ``authorization: Bearer <token>`` on every call;
     ``tenant`` as ``x-tenant-id`` (only honoured by servers running without
-    authentication). ``timeout`` is the default per-call deadline in seconds.
+    authentication). ``ca_file`` (PEM path) or ``root_certificates`` (PEM
+    bytes) verify the server instead of the system roots; ``cert_file`` and
+    ``key_file`` (PEM paths, both or neither, else ``ValueError``) present a
+    client certificate to a server that requires one (mTLS: the server takes
+    the tenant from it, no token needed). ``insecure=True`` is plaintext and
+    refuses the TLS options. ``timeout`` is the default per-call deadline in seconds.
     Every raw RPC method takes and returns the generated messages unchanged
     (``idemd.pb``) and raises :class:`idemd.RpcError`; :attr:`stub` is the
     generated stub itself (with the same credentials and default deadline).
