@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Builds the Java SDK (stubs generated from proto/ at build time) and runs all of its tests:
 # fingerprint and downstream-key vectors, the conformance scenarios, the README example and the
-# HTTP example, against a live idemd started from $IDEMD_BIN (default: <repo>/target/debug/idemd).
+# HTTP example, against a live idemd started from $IDEMD_BIN (default: <repo>/target/debug/idemd),
+# and the mTLS test (MutualTlsTest) against a TLS idemd using the certificates in
+# $IDEMD_TEST_CERTS (written by `make test-certs`; without it that test fails). Surefire's forked
+# JVM inherits the environment, so both variables reach the tests.
 #
-#   IDEMD_BIN=/path/to/idemd clients/java/test.sh
+#   IDEMD_BIN=/path/to/idemd IDEMD_TEST_CERTS=/path/to/test-certs clients/java/test.sh
 #
 # Installs a JDK (17+) and Maven with apt when missing; Maven dependencies, protoc and the gRPC
 # plugin come from Maven Central into the standard ~/.m2 cache. Maven's own output is kept to

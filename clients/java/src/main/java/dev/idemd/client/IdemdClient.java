@@ -274,6 +274,8 @@ public final class IdemdClient implements AutoCloseable {
     private String tenantId;
     private boolean plaintext;
     private Path caFile;
+    private Path clientCertFile;
+    private Path clientKeyFile;
     private Duration deadline = DEFAULT_DEADLINE;
 
     private Builder(String target, Channel channel) {
@@ -310,6 +312,22 @@ public final class IdemdClient implements AutoCloseable {
       return this;
     }
 
+    /**
+     * Presents a client certificate (mutual TLS): for a server started with {@code
+     * --tls-client-ca}, which takes the tenant from the certificate, so no bearer token is needed.
+     * Combines with {@link #tlsCaFile} (or the system roots of {@link #tls()}); {@link #build()}
+     * refuses it together with {@link #plaintext()}.
+     *
+     * @param certPem the client certificate chain, PEM, leaf first
+     * @param keyPem the certificate's private key, unencrypted PKCS#8 PEM ({@code BEGIN PRIVATE
+     *     KEY})
+     */
+    public Builder tlsClientCertificate(Path certPem, Path keyPem) {
+      this.clientCertFile = Objects.requireNonNull(certPem, "certPem");
+      this.clientKeyFile = Objects.requireNonNull(keyPem, "keyPem");
+      return this;
+    }
+
     /** Uses plaintext HTTP/2 (local development, or behind a TLS-terminating sidecar). */
     public Builder plaintext() {
       this.plaintext = true;
@@ -329,7 +347,8 @@ public final class IdemdClient implements AutoCloseable {
     /**
      * Creates the client.
      *
-     * @throws UncheckedIOException if the CA file cannot be read
+     * @throws UncheckedIOException if the CA file, client certificate or key cannot be read
+     * @throws IllegalStateException if a client certificate is combined with {@link #plaintext()}
      */
     public IdemdClient build() {
       if (channel != null) {
@@ -337,15 +356,38 @@ public final class IdemdClient implements AutoCloseable {
       }
       ChannelCredentials credentials;
       if (plaintext) {
-        credentials = InsecureChannelCredentials.create();
-      } else if (caFile != null) {
-        try {
-          credentials = TlsChannelCredentials.newBuilder().trustManager(caFile.toFile()).build();
-        } catch (IOException e) {
-          throw new UncheckedIOException("cannot read the CA file " + caFile, e);
+        // The caller asked for mutual TLS: dropping the certificate would send the calls in the
+        // clear and unauthenticated instead.
+        if (clientCertFile != null) {
+          throw new IllegalStateException(
+              "a client certificate needs TLS: tlsClientCertificate() cannot be combined with"
+                  + " plaintext()");
         }
+        credentials = InsecureChannelCredentials.create();
       } else {
-        credentials = TlsChannelCredentials.create();
+        // Without a trustManager the builder trusts the system roots (like
+        // TlsChannelCredentials.create()), so a client certificate also works with tls().
+        TlsChannelCredentials.Builder tls = TlsChannelCredentials.newBuilder();
+        if (caFile != null) {
+          try {
+            tls.trustManager(caFile.toFile());
+          } catch (IOException e) {
+            throw new UncheckedIOException("cannot read the CA file " + caFile, e);
+          }
+        }
+        if (clientCertFile != null) {
+          try {
+            tls.keyManager(clientCertFile.toFile(), clientKeyFile.toFile());
+          } catch (IOException e) {
+            throw new UncheckedIOException(
+                "cannot read the client certificate "
+                    + clientCertFile
+                    + " or its key "
+                    + clientKeyFile,
+                e);
+          }
+        }
+        credentials = tls.build();
       }
       ManagedChannel managed = Grpc.newChannelBuilder(target, credentials).build();
       return new IdemdClient(managed, managed, this);

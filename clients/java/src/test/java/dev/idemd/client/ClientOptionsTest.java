@@ -47,6 +47,33 @@ class ClientOptionsTest {
   }
 
   @Test
+  void unreadableClientCertificateIsReported() {
+    assertThrows(
+        UncheckedIOException.class,
+        () ->
+            IdemdClient.builder("localhost:1")
+                .tlsClientCertificate(Path.of("/nonexistent/client.crt"), Path.of("/nonexistent/client.key"))
+                .build());
+  }
+
+  @Test
+  void clientCertificateConflictsWithPlaintext() {
+    Path cert = Path.of("client.crt");
+    Path key = Path.of("client.key");
+    IllegalStateException certThenPlaintext =
+        assertThrows(
+            IllegalStateException.class,
+            () -> IdemdClient.builder("localhost:1").tlsClientCertificate(cert, key).plaintext().build());
+    assertTrue(
+        certThenPlaintext.getMessage().contains("tlsClientCertificate() cannot be combined with plaintext()"),
+        certThenPlaintext.getMessage());
+    // Whatever the order: the last call does not silently win.
+    assertThrows(
+        IllegalStateException.class,
+        () -> IdemdClient.builder("localhost:1").plaintext().tlsClientCertificate(cert, key).build());
+  }
+
+  @Test
   void credentialsMustBeHeaderSafe() {
     assertThrows(
         IllegalArgumentException.class, () -> IdemdClient.builder("localhost:1").bearerToken("a\nb"));

@@ -23,8 +23,8 @@ import java.util.stream.Stream;
 
 /**
  * A real idemd process, started as clients/conformance/README.md says: port 0, a fresh data
- * directory, the conformance config and tokens, JSON logs; the bound address is read from the
- * "idemd serving" log line. {@link #close()} stops it with SIGTERM.
+ * directory, the conformance config and tokens (or other arguments), JSON logs; the bound address
+ * is read from the "idemd serving" log line. {@link #close()} stops it with SIGTERM.
  */
 public final class IdemdServer implements AutoCloseable {
   private static final int LOG_LINES_KEPT = 200;
@@ -76,8 +76,18 @@ public final class IdemdServer implements AutoCloseable {
 
   /** Starts a server without authentication: the tenant comes from x-tenant-id. */
   public static IdemdServer startWithoutAuth() throws IOException {
-    return new IdemdServer(
-        List.of("--config", RepoPaths.conformance().resolve("idemd.toml").toString()));
+    return startWithArgs(List.of());
+  }
+
+  /**
+   * Starts a server with the conformance config, no tokens file and {@code extraArgs} (e.g. the TLS
+   * flags of an mTLS server, which takes the tenant from the client certificate).
+   */
+  public static IdemdServer startWithArgs(List<String> extraArgs) throws IOException {
+    List<String> args = new ArrayList<>();
+    args.addAll(List.of("--config", RepoPaths.conformance().resolve("idemd.toml").toString()));
+    args.addAll(extraArgs);
+    return new IdemdServer(args);
   }
 
   /** host:port of the gRPC listener. */

@@ -32,6 +32,25 @@ public final class RepoPaths {
     return root().resolve("clients/java");
   }
 
+  /**
+   * The directory of the TLS test certificates: $IDEMD_TEST_CERTS. Missing, it fails the caller
+   * rather than skipping it, so a TLS test never passes by not running.
+   */
+  public static Path testCerts() {
+    String configured = System.getenv("IDEMD_TEST_CERTS");
+    if (configured == null || configured.isEmpty()) {
+      throw new IllegalStateException(
+          "IDEMD_TEST_CERTS is not set: run `make test-certs` and set IDEMD_TEST_CERTS to the"
+              + " directory it writes ($CARGO_TARGET_DIR/test-certs)");
+    }
+    Path dir = Path.of(configured);
+    if (!Files.isRegularFile(dir.resolve("client-tenants.txt"))) {
+      throw new IllegalStateException(
+          "IDEMD_TEST_CERTS=" + configured + " has no certificates: run `make test-certs`");
+    }
+    return dir;
+  }
+
   /** The server binary: $IDEMD_BIN, default target/debug/idemd. */
   public static Path idemdBinary() {
     String configured = System.getenv("IDEMD_BIN");
