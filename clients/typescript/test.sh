@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Builds the TypeScript SDK from scratch and runs all of its tests against a real idemd:
 # fingerprint + downstream-key vectors, the shared conformance scenarios, executor tests,
-# the README example and the HTTP example.
+# the TLS/mTLS test, the README example and the HTTP example.
 #
-#   IDEMD_BIN=/path/to/idemd clients/typescript/test.sh
+#   IDEMD_BIN=/path/to/idemd IDEMD_TEST_CERTS=/path/to/test-certs clients/typescript/test.sh
 #
-# IDEMD_BIN defaults to <repo>/target/debug/idemd. Needs Node.js >= 20 with npm (installed
+# IDEMD_BIN defaults to <repo>/target/debug/idemd. IDEMD_TEST_CERTS is the directory written by
+# `make test-certs` (make sdk-typescript sets both); without it the TLS test fails rather than
+# skips, so a CI run can never pass without exercising mTLS. Needs Node.js >= 20 with npm (installed
 # from Debian's packages if absent), and Maven for scripts/protoc.sh. Dependencies come from
 # the npm registry (npm ci against the committed package-lock.json, cached in ~/.npm).
 set -euo pipefail

@@ -37,6 +37,18 @@ export interface TlsOptions {
   ca?: string | Buffer;
   /** Expected name in the server certificate, when it differs from the address's host. */
   serverNameOverride?: string;
+  /**
+   * PEM file of the client certificate (chain) presented to an idemd that requires client
+   * certificates (mTLS, `--tls-client-ca`); its tenant then comes from the certificate.
+   * Needs `keyFile` or `key`.
+   */
+  certFile?: string;
+  /** PEM of that client certificate (chain), given directly. Needs `keyFile` or `key`. */
+  cert?: string | Buffer;
+  /** PEM file of the client certificate's private key. Needs `certFile` or `cert`. */
+  keyFile?: string;
+  /** PEM of that private key, given directly. Needs `certFile` or `cert`. */
+  key?: string | Buffer;
 }
 
 export interface IdemdClientOptions {
@@ -191,6 +203,20 @@ export class IdemdClient {
 function channelCredentials(tls: boolean | TlsOptions): ChannelCredentials {
   if (tls === false) return grpcCredentials.createInsecure();
   if (tls === true) return grpcCredentials.createSsl();
-  const ca = tls.ca !== undefined ? Buffer.from(tls.ca) : tls.caFile !== undefined ? readFileSync(tls.caFile) : null;
-  return grpcCredentials.createSsl(ca);
+  const ca = pem(tls.ca, tls.caFile);
+  const cert = pem(tls.cert, tls.certFile);
+  const key = pem(tls.key, tls.keyFile);
+  // grpc-js refuses this too, but in its own terms (private key / certificate chain): name the
+  // options the user actually set.
+  if ((cert === null) !== (key === null)) {
+    throw new TypeError(
+      "IdemdClient: tls client certificate and key go together: set cert/certFile and key/keyFile, or neither",
+    );
+  }
+  return grpcCredentials.createSsl(ca, key, cert);
+}
+
+function pem(direct: string | Buffer | undefined, file: string | undefined): Buffer | null {
+  if (direct !== undefined) return Buffer.from(direct);
+  return file !== undefined ? readFileSync(file) : null;
 }

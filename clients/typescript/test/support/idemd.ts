@@ -29,6 +29,8 @@ export interface StartOptions {
    * Default true: the conformance tokens.
    */
   auth?: boolean;
+  /** More server arguments, appended after the standard ones (e.g. the TLS test's `--tls-*`). */
+  extraArgs?: string[];
 }
 
 export async function startIdemd(options: StartOptions = {}): Promise<IdemdServer> {
@@ -43,6 +45,7 @@ export async function startIdemd(options: StartOptions = {}): Promise<IdemdServe
     "--config", path.join(conformanceDir, "idemd.toml"),
     ...(options.auth === false ? [] : ["--auth-tokens", path.join(conformanceDir, "tokens.txt")]),
     "--log-format", "json",
+    ...(options.extraArgs ?? []),
   ];
   const child = spawn(bin, args, { stdio: ["ignore", "ignore", "pipe"] });
   const tail: string[] = [];
