@@ -537,3 +537,35 @@ impl Sampler {
         }
     }
 }
+
+/// Waits (at most `limit`) until the processes in `pids` use less than
+/// `idle_cores` of CPU over a 500 ms window, then flushes dirty pages with
+/// sync(2). Returns how long it waited.
+///
+/// Why: every system runs next to the others' servers, and Cassandra
+/// flushes memtables and compacts for seconds after a write-heavy run,
+/// on both cores and the disk. Measured right after, an fsyncing system
+/// (idemd-embedded, Postgres) stalled behind that writeback (P3b: ~1 s
+/// without answers in 2 of 3 suite runs, none when Cassandra was idle).
+/// Settling before each measurement makes a figure describe the system,
+/// not its predecessor's leftovers.
+pub async fn settle(pids: &[u32], idle_cores: f64, limit: Duration) -> Duration {
+    let started = std::time::Instant::now();
+    let ticks_per_second = clock_ticks();
+    let busy = |pids: &[u32]| -> u64 { pids.iter().map(|&pid| read_tree(pid).cpu_ticks).sum() };
+    let window = Duration::from_millis(500);
+    while started.elapsed() < limit && !pids.is_empty() {
+        let before = busy(pids);
+        tokio::time::sleep(window).await;
+        let cores = (busy(pids).saturating_sub(before)) as f64
+            / ticks_per_second
+            / window.as_secs_f64();
+        if cores < idle_cores {
+            break;
+        }
+    }
+    // Dirty pages written by whoever ran before would otherwise be written
+    // back during the next measurement, under its fsyncs.
+    let _ = tokio::task::spawn_blocking(|| std::process::Command::new("sync").status()).await;
+    started.elapsed()
+}

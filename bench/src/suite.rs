@@ -404,6 +404,13 @@ pub async fn run(args: RunArgs) -> Result<bool> {
 // compare
 // ---------------------------------------------------------------------------
 
+/// CPU (in cores) under which the suite's servers count as idle: an idle
+/// Cassandra JVM still uses a few percent of a core for gossip and timers.
+const SETTLED_CORES: f64 = 0.15;
+/// Longest wait for the servers to go idle before a measurement; past it
+/// the measurement runs anyway (and says it waited).
+const SETTLE_LIMIT: Duration = Duration::from_secs(30);
+
 /// `idemd-bench compare`.
 #[derive(Debug, Args)]
 pub struct CompareArgs {
@@ -575,12 +582,29 @@ async fn measure_all(
 ) -> Result<(Vec<Measurement>, Option<f64>)> {
     let common = &args.common;
     let mut measurements = Vec::new();
+    // Every server and store process of the suite: all stay up throughout.
+    let mut pids: Vec<u32> = running
+        .iter()
+        .flat_map(|system| system.sample.iter().map(|(_, pid)| *pid))
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    let settle = |before: String| {
+        let pids = pids.clone();
+        async move {
+            let waited = servers::settle(&pids, SETTLED_CORES, SETTLE_LIMIT).await;
+            if waited > Duration::from_secs(2) {
+                eprintln!("idemd-bench: waited {waited:.1?} for the servers to go idle before {before}");
+            }
+        }
+    };
     for run in 1..=args.runs.max(1) {
         for &workload in workloads {
             for system in running {
                 if workload == Workload::Conflict && !system.kind.exclusive() {
                     continue;
                 }
+                settle(format!("{} {}", system.kind.name(), workload.name())).await;
                 let spec = common.spec(workload, system);
                 let result = load::run(Arc::clone(&system.client), &spec).await?;
                 let m = Measurement::new(
@@ -615,6 +639,7 @@ async fn measure_all(
         let rate = (max * 0.5).max(1.0);
         for run in 1..=args.runs.max(1) {
             for system in [idemd, noop] {
+                settle(format!("{} open-loop replay", system.kind.name())).await;
                 let mut spec = common.spec(Workload::Replay, system);
                 spec.rate = Some(rate);
                 let result = load::run(Arc::clone(&system.client), &spec).await?;
