@@ -19,17 +19,11 @@ import {
   type HandlerContext,
 } from "../src";
 import { startIdemd, type IdemdServer } from "./support/idemd";
+import { ENDPOINT, PAYMENT } from "./support/payment";
 import { startLossyProxy } from "./support/lossy-proxy";
 import { repoRoot } from "./support/paths";
 
 const ALICE = "conformance-token-alice-3f9a";
-const ENDPOINT = "POST /v1/payments";
-const PAYMENT = {
-  method: "POST",
-  path: "/v1/payments",
-  contentType: "application/json",
-  body: '{"amount":4200,"currency":"usd"}',
-};
 const CREATED = { status: 201, headers: [["Content-Type", "application/json"]] as Array<[string, string]>, body: '{"id":"pay_x"}' };
 
 describe("executor and client against a live idemd", () => {

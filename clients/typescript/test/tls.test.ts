@@ -10,14 +10,8 @@ import * as path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { GrpcStatus, IdemdClient, RpcError, v1, type TlsOptions } from "../src";
 import { startIdemd, type IdemdServer } from "./support/idemd";
+import { ENDPOINT, PAYMENT } from "./support/payment";
 
-const ENDPOINT = "POST /v1/payments";
-const PAYMENT = {
-  method: "POST",
-  path: "/v1/payments",
-  contentType: "application/json",
-  body: '{"amount":4200,"currency":"usd"}',
-};
 // Generous for a busy machine, yet short enough that a refused handshake cannot hang the suite.
 const DEADLINE_MS = 5_000;
 
