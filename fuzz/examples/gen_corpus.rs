@@ -334,6 +334,33 @@ fn main() {
     unknown.state = RecordState::Unknown;
     unknown.reason = "timeout".into();
     write(&out, "record unknown", &codec::encode_record(&unknown));
+    // Sealed under the fuzz keyring and the target's own record id (the
+    // associated data binds the ciphertext to it), so the target opens it.
+    let mut sealed = record.clone();
+    sealed.id = RecordKey {
+        tenant: "tenant-a".into(),
+        endpoint: "POST /v1/payments".into(),
+        key: "key-1".into(),
+    };
+    let keyring = idemd_fuzz::fuzz_keyring();
+    let sealed_bytes =
+        codec::encode_record_sealed(&sealed, Some(&keyring)).expect("seal the seed record");
+    // What the target does with it: a seed that did not open would leave
+    // the sealed branch unexercised without anyone noticing.
+    let (_, envelope) =
+        codec::decode_record_value(sealed.id.clone(), &sealed_bytes).expect("decode the seed");
+    let opened = idemd::crypto::open_response(
+        Some(&keyring),
+        &sealed.id,
+        &envelope.expect("the seed is sealed"),
+    )
+    .expect("the seed opens with the fuzz keyring");
+    assert_eq!(
+        Some(opened),
+        sealed.response,
+        "the seed opens to its response"
+    );
+    write(&out, "record sealed", &sealed_bytes);
     if let Some(response) = &record.response {
         write(&out, "response", &codec::encode_response(response));
     }

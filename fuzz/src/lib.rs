@@ -28,3 +28,13 @@ pub fn lines(bytes: &[u8]) -> Vec<String> {
 pub fn escape_token(token: &str) -> String {
     token.replace('~', "~0").replace('/', "~1")
 }
+
+/// The keyring of the sealed-record seeds and of the `record_codec` target:
+/// fixed, public test material (32 bytes of 0x42), so a seed sealed by
+/// `examples/gen_corpus.rs` opens in the target and libFuzzer can mutate
+/// the clear fields around an authentic sealed response.
+pub fn fuzz_keyring() -> idemd::crypto::Keyring {
+    const TEXT: &str = "fuzz-key QkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkI=\n";
+    idemd::crypto::Keyring::parse(std::path::Path::new("fuzz keyring"), TEXT)
+        .expect("the fuzz keyring is valid")
+}
