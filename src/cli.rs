@@ -61,7 +61,8 @@ fn format_event(event: &pb::AuditEvent, json: bool) -> String {
 }
 
 /// The TLS settings of the connection: TLS exactly when the target is
-/// `https://`, which then needs `--ca-file` (see [`AuditArgs::ca_file`]).
+/// `https://`, which then needs `--ca-file` (no system-roots fallback; see
+/// the comment on [`AuditArgs::ca_file`]).
 /// Options that would be silently ignored are refused instead: a CA or a
 /// client certificate with a plaintext target means the user expected TLS.
 fn client_tls(args: &AuditArgs) -> Result<Option<tonic::transport::ClientTlsConfig>, String> {

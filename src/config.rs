@@ -111,14 +111,13 @@ pub struct AuditArgs {
     /// Tenant, for servers running with auth off (`x-tenant-id`).
     #[arg(long, env = "IDEMD_TENANT")]
     pub tenant: Option<String>,
-    /// PEM CA bundle that signed the server's certificate; required with
-    /// an `https://` target. There is deliberately no fallback to system
-    /// roots: idemd's certificates come from a private CA (cert-manager,
-    /// a mesh), and trusting every public CA would accept far more than
-    /// the operator meant. The client-side names (`--ca-file`,
-    /// `--client-cert`) differ from the server's `--tls-*` flags so that
-    /// running `idemd audit` in a server pod never picks up the server's
-    /// own `IDEMD_TLS_*` environment.
+    // No fallback to the system roots: idemd's certificates come from a
+    // private CA (cert-manager, a mesh), and trusting every public CA would
+    // accept far more than the operator meant. The client-side names differ
+    // from the server's `--tls-*` flags so that `idemd audit` run in a
+    // server pod never picks up the server's own `IDEMD_TLS_*` environment.
+    /// PEM CA bundle that signed the server's certificate (required with an
+    /// `https://` target).
     #[arg(long, env = "IDEMD_TARGET_CA")]
     pub ca_file: Option<PathBuf>,
     /// PEM client certificate for a server that requires mTLS (the tenant

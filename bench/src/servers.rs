@@ -557,9 +557,8 @@ pub async fn settle(pids: &[u32], idle_cores: f64, limit: Duration) -> Duration 
     while started.elapsed() < limit && !pids.is_empty() {
         let before = busy(pids);
         tokio::time::sleep(window).await;
-        let cores = (busy(pids).saturating_sub(before)) as f64
-            / ticks_per_second
-            / window.as_secs_f64();
+        let cores =
+            (busy(pids).saturating_sub(before)) as f64 / ticks_per_second / window.as_secs_f64();
         if cores < idle_cores {
             break;
         }

@@ -594,7 +594,9 @@ async fn measure_all(
         async move {
             let waited = servers::settle(&pids, SETTLED_CORES, SETTLE_LIMIT).await;
             if waited > Duration::from_secs(2) {
-                eprintln!("idemd-bench: waited {waited:.1?} for the servers to go idle before {before}");
+                eprintln!(
+                    "idemd-bench: waited {waited:.1?} for the servers to go idle before {before}"
+                );
             }
         }
     };
