@@ -458,15 +458,15 @@ async fn audit_subcommand_speaks_mtls() {
     let path = |name: &str| dir.path().join(name).to_string_lossy().to_string();
     let server = ServerFiles::write(dir.path(), &ca);
     let client = ca.client_uri(SPIFFE_A);
-    write(Path::new(&path("ca.pem")), &ca.pem);
-    write(Path::new(&path("client.crt")), &client.0);
-    write(Path::new(&path("client.key")), &client.1);
+    write(&dir.path().join("ca.pem"), &ca.pem);
+    write(&dir.path().join("client.crt"), &client.0);
+    write(&dir.path().join("client.key"), &client.1);
     write(
-        Path::new(&path("tenants.txt")),
+        &dir.path().join("tenants.txt"),
         &format!("{SPIFFE_A} acme reconciler\n"),
     );
     write(
-        Path::new(&path("idemd.toml")),
+        &dir.path().join("idemd.toml"),
         &format!("[endpoints.\"{PAYMENTS}\"]\naudit = true\n"),
     );
     let process = common::process::spawn(
