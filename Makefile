@@ -79,23 +79,31 @@ deny:
 ## bench: the comparison of issue 7 (docs/benchmarks.md): idemd against a
 ## no-op gRPC server, Postgres and Redis (Debian packages, installed when
 ## missing) and raw CQL LWTs on a local Cassandra; 3 runs round-robin,
-## medians, ratios for P1-P5; writes bench/results/<time>.{md,json,png}.
+## medians, ratios for P1-P5; then one request in flight through the Rust
+## client, ghz and the Go SDK (bench/scripts/tools.sh installs ghz and
+## builds the loop); writes bench/results/<time>.{md,json,png}.
 BENCH_ARGS ?= --runs 3 --pin
 bench:
 	$(CARGO) build --release -p idemd -p idemd-bench
 	bench/scripts/postgres.sh >/dev/null
 	bench/scripts/redis.sh >/dev/null
+	tools="$$(bench/scripts/tools.sh | tail -n 1)" && \
 	scripts/with-cassandra.sh -- $(TARGET_DIR)/release/idemd-bench compare \
-		--require-cql --out-dir bench/results $(BENCH_ARGS)
+		--require-cql --out-dir bench/results \
+		--ghz "$$tools/ghz" --go-sdk-loop "$$tools/bench-go-loop" $(BENCH_ARGS)
 
 ## bench-smoke: builds the bench and runs a few seconds of idemd-embedded and
-## the no-op server (fresh, conflict); fails on any error or on a key with
-## two winners. No installs, no Cassandra; results go to $(TARGET_DIR).
+## the no-op server (fresh, conflict) and a short one-in-flight phase through
+## the Rust client, ghz (via reflection) and the Go SDK loop; fails on any
+## error or on a key with two winners. No Cassandra; results go to
+## $(TARGET_DIR).
 bench-smoke:
 	$(CARGO) build -p idemd -p idemd-bench
+	tools="$$(bench/scripts/tools.sh | tail -n 1)" && \
 	$(TARGET_DIR)/debug/idemd-bench compare --systems noop,idemd-embedded \
 		--workloads fresh,conflict --runs 1 --duration 3s --warmup 1s \
 		--p5-inflight 0 --no-open-loop --idemd-bin $(TARGET_DIR)/debug/idemd \
+		--ghz "$$tools/ghz" --go-sdk-loop "$$tools/bench-go-loop" --client-calls 50 --ghz-duration 3s \
 		--out-dir $(TARGET_DIR)/bench-smoke
 
 ## bench-soak: P5's soak: idemd-embedded, mixed workload, open loop at 50% of

@@ -35,6 +35,8 @@
 //! * [`telemetry`]: OpenTelemetry traces over OTLP (a span per RPC, a
 //!   child per store operation), off unless `OTEL_EXPORTER_OTLP_ENDPOINT`
 //!   is set.
+//! * [`net`]: the one accept path of every listener (gRPC, TLS,
+//!   `/metrics`), which sets `TCP_NODELAY` on each connection.
 //! * [`metrics`]: every Prometheus metric name and help text, the label
 //!   cardinality guard and the `/metrics` exporter.
 //! * [`cli`]: subcommands that are clients of a running server
@@ -53,6 +55,7 @@ pub mod crypto;
 pub mod engine;
 pub mod fingerprint;
 pub mod metrics;
+pub mod net;
 pub mod proto;
 pub mod server;
 pub mod store;

@@ -15,8 +15,10 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Mutex;
 
+use http_body_util::Full;
+use hyper::body::Bytes;
 use metrics::{describe_counter, describe_gauge, describe_histogram};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Claims by outcome: claimed, replayed, in_progress, mismatch, pending,
 /// rejected (invalid input or credentials).
@@ -133,27 +135,82 @@ pub fn describe() {
 
 /// Starts the exporter on `address` (inside the current Tokio runtime) and
 /// installs the process-wide recorder. A second call in the same process
-/// (tests with several servers) keeps the first recorder.
+/// (tests with several servers) keeps the first recorder and serves nothing.
+///
+/// `/metrics` is served here rather than by the exporter crate's own HTTP
+/// listener so that its sockets come from [`crate::net`] like every other
+/// listener's (the crate's listener leaves Nagle's algorithm on). Any path
+/// renders the metrics and `/health` answers `OK`, as that listener did.
 pub fn install_exporter(address: SocketAddr) -> Result<(), String> {
-    let builder = PrometheusBuilder::new()
-        .with_http_listener(address)
+    let listener = std::net::TcpListener::bind(address)
+        .and_then(|listener| {
+            listener.set_nonblocking(true)?;
+            tokio::net::TcpListener::from_std(listener)
+        })
+        .map_err(|e| format!("cannot listen on {address}: {e}"))?;
+    let recorder = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
         .and_then(|b| {
             b.set_buckets_for_metric(Matcher::Full(STORED_RESPONSE_BYTES.into()), SIZE_BUCKETS)
         })
-        .map_err(|e| e.to_string())?;
-    let (recorder, exporter) = builder.build().map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?
+        .build_recorder();
+    let handle = recorder.handle();
     if metrics::set_global_recorder(recorder).is_err() {
         return Ok(());
     }
+    let upkeep = handle.clone();
     tokio::spawn(async move {
-        if let Err(error) = exporter.await {
-            tracing::error!(?error, "metrics exporter stopped");
+        // Drains histogram buffers between scrapes, as the crate's own
+        // exporter does.
+        let mut interval = tokio::time::interval(UPKEEP_INTERVAL);
+        loop {
+            interval.tick().await;
+            upkeep.run_upkeep();
         }
     });
+    tokio::spawn(serve_metrics(listener, handle));
     describe();
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     Ok(())
+}
+
+/// How often the recorder's histogram buffers are drained.
+const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The content type of the Prometheus text exposition format.
+const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Serves HTTP/1.1 scrapes of `handle` on `listener`, forever.
+async fn serve_metrics(listener: tokio::net::TcpListener, handle: PrometheusHandle) {
+    loop {
+        let (stream, peer) = crate::net::accept_retrying(&listener).await;
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request: hyper::Request<_>| {
+                let handle = handle.clone();
+                async move {
+                    let (content_type, body) = if request.uri().path() == "/health" {
+                        ("text/plain", "OK".to_owned())
+                    } else {
+                        (TEXT_FORMAT, handle.render())
+                    };
+                    let mut response = hyper::Response::new(Full::new(Bytes::from(body)));
+                    response.headers_mut().insert(
+                        hyper::header::CONTENT_TYPE,
+                        hyper::header::HeaderValue::from_static(content_type),
+                    );
+                    Ok::<_, std::convert::Infallible>(response)
+                }
+            });
+            if let Err(error) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(%peer, %error, "metrics connection ended with an error");
+            }
+        });
+    }
 }
 
 /// Caps the distinct values of the tenant and endpoint labels.

@@ -17,7 +17,6 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
 
@@ -397,10 +396,18 @@ where
     health
         .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
         .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    // Reflection in both versions, like grpc-go: grpcurl asks v1, but ghz,
+    // Evans and older grpcurl builds ask only v1alpha.
+    let reflection_builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection = reflection_builder()
         .build_v1()
+        .map_err(|e| ServerError::Reflection(e.to_string()))?;
+    let reflection_v1alpha = reflection_builder()
+        .build_v1alpha()
         .map_err(|e| ServerError::Reflection(e.to_string()))?;
 
     let slot = EngineSlot::new(settings.limits.max_in_flight);
@@ -413,13 +420,15 @@ where
     let mut drain_rx = shutdown_rx.clone();
     let health_on_shutdown = health.clone();
     let accept_rx = shutdown_rx.clone();
+    // No `.tcp_nodelay(true)` here: tonic ignores it with
+    // `serve_with_incoming`; the sockets come from `crate::net`, which sets it.
     let router = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         // Dead peers are detected without waiting for TCP timeouts.
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .add_service(health_service)
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .add_service(idempotency)
         .add_service(audit_service);
     let signal = async move {
@@ -441,7 +450,7 @@ where
             Box::pin(router.serve_with_incoming_shutdown(tls.incoming(listener, accept_rx), signal))
         }
         None => {
-            Box::pin(router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), signal))
+            Box::pin(router.serve_with_incoming_shutdown(crate::net::incoming(listener), signal))
         }
     };
     let serve_task = tokio::spawn(serve);

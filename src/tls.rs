@@ -327,22 +327,13 @@ impl TlsServer {
         let server = self.clone();
         tokio::spawn(async move {
             loop {
-                let accepted = tokio::select! {
-                    accepted = listener.accept() => accepted,
+                // TCP_NODELAY is set by `crate::net` (see there for why it
+                // matters); the handshake's own records go out unbatched too.
+                let (tcp, peer) = tokio::select! {
+                    accepted = crate::net::accept_retrying(&listener) => accepted,
                     () = sender.closed() => break,
                     _ = shutdown.wait_for(|stop| *stop) => break,
                 };
-                let (tcp, peer) = match accepted {
-                    Ok(accepted) => accepted,
-                    Err(error) => {
-                        // Out of descriptors and the like: back off rather
-                        // than spin.
-                        tracing::warn!(%error, "accepting a connection failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                let _ = tcp.set_nodelay(true);
                 let acceptor = server.acceptor();
                 let sender = sender.clone();
                 tokio::spawn(async move {

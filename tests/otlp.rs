@@ -19,7 +19,6 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
-use tokio_stream::wrappers::TcpListenerStream;
 
 /// Every span received, with the service name of its resource.
 #[derive(Clone, Default)]
@@ -103,7 +102,7 @@ async fn rpc_spans_continue_the_callers_trace_and_nest_store_spans() {
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(TraceServiceServer::new(collector.clone()))
-            .serve_with_incoming(TcpListenerStream::new(listener)),
+            .serve_with_incoming(idemd::net::incoming(listener)),
     );
 
     let dir = tempfile::tempdir().expect("temp dir");

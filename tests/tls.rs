@@ -140,6 +140,28 @@ fn token_line(tenant: &str, token: &str, role: &str) -> String {
     )
 }
 
+/// Sequential calls over TLS are not held up by the transport (the TLS
+/// acceptor's sockets need TCP_NODELAY like plaintext ones: src/net.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_calls_at_one_in_flight_are_fast() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ca = Ca::new("server CA");
+    let files = ServerFiles::write(dir.path(), &ca);
+    let mut settings = test_settings(&dir.path().join("data"));
+    settings.tls = Some(TlsSettings {
+        cert: files.cert.clone(),
+        key: files.key.clone(),
+        client_ca: None,
+        client_tenants: None,
+    });
+    let server = start(settings).await;
+    let mut client = connect(server.local_addr, &ca.pem, None)
+        .await
+        .expect("TLS connects");
+    common::latency::assert_fast_at_one_in_flight(&mut client, "tls", "").await;
+    server.shutdown().await.expect("clean shutdown");
+}
+
 #[tokio::test]
 async fn tls_serves_claims_and_refuses_plaintext() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -14,6 +14,7 @@
 //! results.
 
 mod chart;
+mod clients;
 mod load;
 mod noop;
 mod report;

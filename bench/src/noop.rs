@@ -4,9 +4,12 @@
 //!
 //! The responses have the same shape and size as idemd's: a `Claim` of a
 //! key starting with `r-` (the replay workload's keys) answers `replayed`
-//! with the stored response; any other `Claim` answers `claimed` with a
+//! with the stored response; a key starting with `rb<SIZE>-` (the
+//! one-in-flight replay probes, `clients.rs`) answers `replayed` with a
+//! body of SIZE bytes; any other `Claim` answers `claimed` with a
 //! 32-character lease token. It enforces nothing, so the conflict workload
-//! is not run against it.
+//! is not run against it. It serves reflection (v1 and v1alpha) like idemd,
+//! so that ghz finds both services the same way.
 
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -14,7 +17,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use idemd::proto::v1 as pb;
 use idemd::proto::v1::idempotency_server::{Idempotency, IdempotencyServer};
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
 
 use crate::systems::stored_response;
@@ -34,6 +36,12 @@ fn timestamp(offset: Duration) -> prost_types::Timestamp {
     }
 }
 
+/// The body size a `rb<SIZE>-…` key asks for (at most 1 MiB).
+fn sized_replay(key: &str) -> Option<usize> {
+    let (size, _) = key.strip_prefix("rb")?.split_once('-')?;
+    size.parse().ok().filter(|&n| n <= 1 << 20)
+}
+
 #[tonic::async_trait]
 impl Idempotency for Noop {
     async fn claim(
@@ -46,10 +54,18 @@ impl Idempotency for Noop {
             _ => vec![0; 32],
         };
         use pb::claim_response::Outcome;
-        let (outcome, http_status) = if request.key.starts_with("r-") {
+        let canned = if request.key.starts_with("r-") {
+            Some(stored_response())
+        } else {
+            sized_replay(&request.key).map(|size| pb::StoredResponse {
+                body: vec![b'x'; size],
+                ..stored_response()
+            })
+        };
+        let (outcome, http_status) = if let Some(response) = canned {
             (
                 Outcome::Replayed(pb::Replayed {
-                    response: Some(stored_response()),
+                    response: Some(response),
                     completed_at: Some(timestamp(Duration::ZERO)),
                 }),
                 201,
@@ -129,13 +145,19 @@ pub async fn serve(listen: SocketAddr) -> Result<()> {
     let address = listener.local_addr()?;
     println!("{address}");
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    // The same transport settings as idemd's server (src/server.rs).
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(idemd::proto::FILE_DESCRIPTOR_SET)
+    };
+    // The same transport settings as idemd's server (src/server.rs),
+    // including its accept path (`idemd::net`, which sets TCP_NODELAY).
     tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .add_service(reflection().build_v1()?)
+        .add_service(reflection().build_v1alpha()?)
         .add_service(IdempotencyServer::new(Noop))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+        .serve_with_incoming_shutdown(idemd::net::incoming(listener), async move {
             tokio::select! {
                 _ = terminate.recv() => {}
                 _ = tokio::signal::ctrl_c() => {}
@@ -143,4 +165,18 @@ pub async fn serve(listen: SocketAddr) -> Result<()> {
         })
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sized_replay;
+
+    #[test]
+    fn sized_replay_keys() {
+        assert_eq!(sized_replay("rb1024-abc"), Some(1024));
+        assert_eq!(sized_replay("rb16384-go-1"), Some(16384));
+        assert_eq!(sized_replay("rbx-1"), None);
+        assert_eq!(sized_replay("r-1"), None);
+        assert_eq!(sized_replay("rb99999999-1"), None);
+    }
 }

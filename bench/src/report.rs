@@ -271,7 +271,7 @@ fn find<'a>(
         .find(|s| s.system == system && s.workload == workload && s.mode == mode)
 }
 
-fn ratio_target(
+pub(crate) fn ratio_target(
     id: &str,
     description: &str,
     numerator: Option<(f64, String)>,
@@ -443,6 +443,9 @@ pub struct Report {
     pub targets: Vec<Target>,
     /// Systems skipped and why.
     pub skipped: Vec<(String, String)>,
+    /// One request in flight through the clients users run (None: the
+    /// phase was not run).
+    pub clients: Option<crate::clients::ClientsReport>,
 }
 
 fn cell(value: Option<f64>, decimals: usize) -> String {
@@ -490,6 +493,9 @@ impl Report {
                     None => "n/a",
                 }
             );
+        }
+        if let Some(clients) = &self.clients {
+            md.push_str(&clients.markdown());
         }
         let _ = writeln!(
             md,

@@ -437,6 +437,22 @@ pub struct CompareArgs {
     /// Fail instead of skipping the CQL systems when no node answers.
     #[arg(long)]
     pub require_cql: bool,
+    /// Skip the one-in-flight phase (clients.rs).
+    #[arg(long)]
+    pub no_clients: bool,
+    /// The ghz binary for the one-in-flight phase (`make bench` installs a
+    /// pinned version: bench/scripts/tools.sh).
+    #[arg(long)]
+    pub ghz: Option<PathBuf>,
+    /// The Go SDK loop binary built from bench/go (`make bench` builds it).
+    #[arg(long)]
+    pub go_sdk_loop: Option<PathBuf>,
+    /// Timed calls per one-in-flight sequence.
+    #[arg(long, default_value_t = 200)]
+    pub client_calls: usize,
+    /// How long ghz runs fresh Claims at 64 in flight, per system and run.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub ghz_duration: Duration,
 }
 
 /// Runs the comparison; false when any run saw errors or violations.
@@ -485,11 +501,19 @@ pub async fn compare(args: CompareArgs) -> Result<bool> {
         }
     }
     let outcome = measure_all(&args, &running, &workloads).await;
+    let clients = match &outcome {
+        Ok(_) if !args.no_clients => measure_clients(&args, &running).await,
+        _ => Ok(None),
+    };
     stop_all(running).await;
     let (measurements, rss_1000) = outcome?;
+    let clients = clients?;
 
     let summaries = report::summarize(&measurements);
-    let targets = report::targets(&summaries, rss_1000);
+    let mut targets = report::targets(&summaries, rss_1000);
+    if let Some(clients) = &clients {
+        targets.extend(crate::clients::targets(clients));
+    }
     let settings = vec![
         (
             "load".to_string(),
@@ -534,6 +558,7 @@ pub async fn compare(args: CompareArgs) -> Result<bool> {
         summaries,
         targets,
         skipped,
+        clients,
     };
     std::fs::create_dir_all(&args.out_dir)
         .with_context(|| format!("creating {}", args.out_dir.display()))?;
@@ -572,6 +597,48 @@ pub async fn compare(args: CompareArgs) -> Result<bool> {
         );
     }
     Ok(clean)
+}
+
+/// The one-in-flight phase (clients.rs) against the no-op server and
+/// idemd-embedded, when both run; the servers settle first.
+async fn measure_clients(
+    args: &CompareArgs,
+    running: &[Running],
+) -> Result<Option<crate::clients::ClientsReport>> {
+    let address = |kind: SystemKind| running.iter().find(|s| s.kind == kind)?.grpc;
+    let (Some(noop), Some(idemd)) = (
+        address(SystemKind::Noop),
+        address(SystemKind::IdemdEmbedded),
+    ) else {
+        eprintln!("idemd-bench: one-in-flight phase skipped: it needs noop and idemd-embedded");
+        return Ok(None);
+    };
+    let mut pids: Vec<u32> = running
+        .iter()
+        .flat_map(|system| system.sample.iter().map(|(_, pid)| *pid))
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    servers::settle(&pids, SETTLED_CORES, SETTLE_LIMIT).await;
+    let targets = [
+        crate::clients::Target {
+            system: "noop",
+            address: noop,
+        },
+        crate::clients::Target {
+            system: "idemd-embedded",
+            address: idemd,
+        },
+    ];
+    let tools = crate::clients::Tools {
+        ghz: args.ghz.clone(),
+        go_loop: args.go_sdk_loop.clone(),
+        pin: args.common.pin,
+        parallel_for: args.ghz_duration,
+    };
+    crate::clients::measure(&targets, &tools, args.runs, args.client_calls)
+        .await
+        .map(Some)
 }
 
 /// The closed-loop matrix, then the P3 open-loop runs and the P5 run.

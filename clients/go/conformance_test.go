@@ -406,6 +406,91 @@ func TestConformanceRunnerIsStrict(t *testing.T) {
 	}
 }
 
+// Replay latency (issue 12, part B): a stored 1 KiB response must come back
+// in well under a millisecond or two on loopback. The threshold is generous
+// for a loaded CI machine yet an order of magnitude below the ~40 ms that
+// Nagle's algorithm meeting delayed ACKs costs when the server leaves
+// TCP_NODELAY off, which is the regression this guards against.
+const (
+	latencyWarmups   = 5
+	latencySamples   = 100
+	latencyMaxMedian = 10 * time.Millisecond
+)
+
+// TestReplayLatency replays one 1 KiB response sequentially through
+// ExecuteOnce on one client and fails when the median is over
+// latencyMaxMedian. test.sh runs it on its own, after the rest of the suite,
+// so that the parallel tests do not compete with it for the CPU.
+func TestReplayLatency(t *testing.T) {
+	srv := testserver.Shared(t)
+	c, err := idemd.New(srv.Addr, idemd.WithToken(credential(t, "alice")), idemd.WithInsecure())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	key := newKey(t)
+	body := bytes.Repeat([]byte("0123456789abcdef"), 1024/16)
+	handler := func(context.Context, idemd.Execution) (*idemd.Response, error) {
+		return &idemd.Response{Status: 201, Headers: []idemd.Header{{Name: "Content-Type", Value: "text/plain"}},
+			Body: body}, nil
+	}
+	execute := func(wantReplayed bool) time.Duration {
+		t.Helper()
+		start := time.Now()
+		res, err := c.ExecuteOnce(ctx, paymentsEndpoint, key, payment, handler)
+		elapsed := time.Since(start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Replayed != wantReplayed || res.Response.Status != 201 || !bytes.Equal(res.Response.Body, body) {
+			t.Fatalf("got status %d, %d body bytes, replayed %v; want 201, the 1024 bytes, replayed %v",
+				res.Response.Status, len(res.Response.Body), res.Replayed, wantReplayed)
+		}
+		return elapsed
+	}
+	execute(false)
+	for range latencyWarmups {
+		execute(true)
+	}
+	samples := make([]time.Duration, latencySamples)
+	for i := range samples {
+		samples[i] = execute(true)
+	}
+	p50, p99 := percentile(samples, 50), percentile(samples, 99)
+	t.Logf("latency: %d replays of a 1 KiB body: p50 %s, p99 %s", latencySamples, ms(p50), ms(p99))
+	if p50 > latencyMaxMedian {
+		t.Errorf("replay p50 %s is over %s: is TCP_NODELAY set on the server's accepted sockets?",
+			ms(p50), ms(latencyMaxMedian))
+	}
+}
+
+// percentile is the nearest-rank percentile p (0 < p <= 100) of samples.
+func percentile(samples []time.Duration, p int) time.Duration {
+	sorted := slices.Clone(samples)
+	slices.Sort(sorted)
+	rank := (p*len(sorted) + 99) / 100 // ceil(p/100 * n), 1-based
+	return sorted[max(rank, 1)-1]
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond)) }
+
+func TestPercentile(t *testing.T) {
+	samples := make([]time.Duration, 100)
+	for i := range samples {
+		samples[i] = time.Duration(100-i) * time.Millisecond // 100 ms .. 1 ms, unsorted
+	}
+	if got := percentile(samples, 50); got != 50*time.Millisecond {
+		t.Errorf("p50 = %s, want 50ms", got)
+	}
+	if got := percentile(samples, 99); got != 99*time.Millisecond {
+		t.Errorf("p99 = %s, want 99ms", got)
+	}
+	if got := percentile([]time.Duration{7}, 99); got != 7 {
+		t.Errorf("p99 of one sample = %s, want 7ns", got)
+	}
+}
+
 type runner struct {
 	t       *testing.T
 	clients map[string]*idemd.Client
@@ -514,8 +599,18 @@ func (r *runner) execute(ctx context.Context, s *step) error {
 	client := r.clients[s.As]
 	key := r.key(s.Key)
 	var calls atomic.Int64
-	handler := func(ctx context.Context) (*idemd.Response, error) {
+	// What the handlers were told, checked below against the step: the
+	// executor must pass the operation it runs, and the attempt of the claim
+	// it runs under (a takeover's is 2), to the handler, not only return it.
+	var (
+		toldMu sync.Mutex
+		told   []idemd.Execution
+	)
+	handler := func(ctx context.Context, ex idemd.Execution) (*idemd.Response, error) {
 		calls.Add(1)
+		toldMu.Lock()
+		told = append(told, ex)
+		toldMu.Unlock()
 		switch s.Handler.Action {
 		case "respond":
 			select {
@@ -564,6 +659,18 @@ func (r *runner) execute(ctx context.Context, s *step) error {
 				p = fmt.Sprintf("execute %d of %d: %s", i+1, n, p)
 			}
 			problems = append(problems, p)
+		}
+	}
+	for _, ex := range told {
+		if ex.Endpoint != s.Endpoint || ex.Key != key {
+			problems = append(problems, fmt.Sprintf("the handler was told endpoint %q and a key of %d bytes, want %q and the step's key",
+				ex.Endpoint, len(ex.Key), s.Endpoint))
+		}
+		if e.Attempt != nil && ex.Attempt != *e.Attempt {
+			problems = append(problems, fmt.Sprintf("the handler was told attempt %d, want %d", ex.Attempt, *e.Attempt))
+		}
+		if want := idemd.DownstreamKey(key, "charge"); ex.DownstreamKey("charge") != want {
+			problems = append(problems, "the handler's DownstreamKey(\"charge\") is not DownstreamKey(key, \"charge\")")
 		}
 	}
 	if e.HandlerCalls != nil && int64(*e.HandlerCalls) != calls.Load() {

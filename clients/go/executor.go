@@ -34,8 +34,26 @@ const (
 // store and replay, or an error: wrap it with NoSideEffect when nothing
 // happened (the key is released), otherwise the outcome is recorded as
 // unknown. ctx is cancelled with cause ErrLeaseLost if another caller takes
-// the key over.
-type Handler func(ctx context.Context) (*Response, error)
+// the key over. ex says which operation and attempt it runs; a third-party
+// call takes its idempotency key from ex.DownstreamKey.
+type Handler func(ctx context.Context, ex Execution) (*Response, error)
+
+// Execution is what a Handler is told about the execution it runs.
+type Execution struct {
+	// Endpoint is the logical endpoint, e.g. "POST /v1/payments".
+	Endpoint string
+	// Key is the client's idempotency key.
+	Key string
+	// Attempt is 1 for the first execution of the key, incremented on every
+	// takeover (an earlier holder's lease expired): a handler seeing more
+	// than 1 may find that a previous attempt got part of the way.
+	Attempt uint32
+}
+
+// DownstreamKey is the idempotency key to send to a third party for step:
+// the same on every retry of this operation, different for every step (see
+// the package function DownstreamKey).
+func (ex Execution) DownstreamKey(step string) string { return DownstreamKey(ex.Key, step) }
 
 type executeOptions struct {
 	maxWait          time.Duration
@@ -206,7 +224,8 @@ func (c *Client) runClaimed(ctx context.Context, claim *idemdv1.ClaimRequest, cl
 	defer cancel(nil)
 	stopKeeper := c.keepLease(handlerCtx, cancel, claim, claimed.GetLeaseToken(), lease, o)
 
-	resp, panicked, panicValue, handlerErr := callHandler(handlerCtx, handler)
+	ex := Execution{Endpoint: claim.GetEndpoint(), Key: claim.GetKey(), Attempt: claimed.GetAttempt()}
+	resp, panicked, panicValue, handlerErr := callHandler(handlerCtx, handler, ex)
 	stopKeeper()
 
 	// Record the outcome even if the caller's context is cancelled now: the
@@ -258,13 +277,13 @@ func (c *Client) runClaimed(ctx context.Context, claim *idemdv1.ClaimRequest, cl
 
 // callHandler runs the handler, catching a panic so that the outcome can be
 // recorded as unknown before the panic continues.
-func callHandler(ctx context.Context, handler Handler) (resp *Response, panicked bool, value any, err error) {
+func callHandler(ctx context.Context, handler Handler, ex Execution) (resp *Response, panicked bool, value any, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			resp, panicked, value, err = nil, true, r, nil
 		}
 	}()
-	resp, err = handler(ctx)
+	resp, err = handler(ctx, ex)
 	return resp, false, nil, err
 }
 

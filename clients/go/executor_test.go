@@ -80,7 +80,7 @@ func TestLeaseIsExtendedWhileTheHandlerRuns(t *testing.T) {
 	key := newKey(t)
 	const endpoint = "POST /v1/takeover"
 	var duplicate string
-	res, err := c.ExecuteOnce(context.Background(), endpoint, key, payment, func(ctx context.Context) (*idemd.Response, error) {
+	res, err := c.ExecuteOnce(context.Background(), endpoint, key, payment, func(ctx context.Context, _ idemd.Execution) (*idemd.Response, error) {
 		time.Sleep(1200 * time.Millisecond) // more than two leases
 		resp, err := c.Claim(ctx, &idemdv1.ClaimRequest{Endpoint: endpoint, Key: key,
 			Fingerprint: &idemdv1.ClaimRequest_Request{Request: &idemdv1.HttpRequest{
@@ -127,7 +127,7 @@ func TestLostClaimResponseIsRetriedWithTheSameAttemptID(t *testing.T) {
 	c := newClient(t, idemd.WithDialOptions(grpc.WithChainUnaryInterceptor(dropFirstClaim)))
 	var calls atomic.Int32
 	res, err := c.ExecuteOnce(context.Background(), paymentsEndpoint, newKey(t), payment,
-		func(context.Context) (*idemd.Response, error) {
+		func(context.Context, idemd.Execution) (*idemd.Response, error) {
 			calls.Add(1)
 			return created(`{"id":"pay_retry"}`), nil
 		})
@@ -155,7 +155,10 @@ func TestDefinitiveClaimErrorsAreNotRetried(t *testing.T) {
 	}
 	c := newClient(t, idemd.WithDialOptions(grpc.WithChainUnaryInterceptor(count)))
 	_, err := c.ExecuteOnce(context.Background(), paymentsEndpoint, "not a valid key!", payment,
-		func(context.Context) (*idemd.Response, error) { t.Error("handler ran"); return nil, nil })
+		func(context.Context, idemd.Execution) (*idemd.Response, error) {
+			t.Error("handler ran")
+			return nil, nil
+		})
 	if status.Code(err) != codes.InvalidArgument || claims.Load() != 1 {
 		t.Errorf("err = %v after %d claims; want INVALID_ARGUMENT after 1", err, claims.Load())
 	}
@@ -174,7 +177,10 @@ func TestInProgressErrorAfterTheWaitBudget(t *testing.T) {
 	if err != nil || held.GetClaimed() == nil {
 		t.Fatalf("claim: %v %v", held, err)
 	}
-	never := func(context.Context) (*idemd.Response, error) { t.Error("handler ran"); return nil, nil }
+	never := func(context.Context, idemd.Execution) (*idemd.Response, error) {
+		t.Error("handler ran")
+		return nil, nil
+	}
 	for _, budget := range []time.Duration{0, 300 * time.Millisecond} {
 		start := time.Now()
 		_, err := c.ExecuteOnce(context.Background(), paymentsEndpoint, key, payment, never, idemd.WithMaxWait(budget))
@@ -204,14 +210,17 @@ func TestPanickingHandlerLeavesTheOutcomeUnknown(t *testing.T) {
 			}
 		}()
 		_, _ = c.ExecuteOnce(context.Background(), paymentsEndpoint, key, payment,
-			func(context.Context) (*idemd.Response, error) { panic("boom") })
+			func(context.Context, idemd.Execution) (*idemd.Response, error) { panic("boom") })
 		t.Error("ExecuteOnce returned after a panic")
 	}()
 	if got := lookupState(t, c, paymentsEndpoint, key); got != "UNKNOWN" {
 		t.Errorf("state = %s, want UNKNOWN", got)
 	}
 	_, err := c.ExecuteOnce(context.Background(), paymentsEndpoint, key, payment,
-		func(context.Context) (*idemd.Response, error) { t.Error("handler ran"); return nil, nil })
+		func(context.Context, idemd.Execution) (*idemd.Response, error) {
+			t.Error("handler ran")
+			return nil, nil
+		})
 	var pending *idemd.OutcomePendingError
 	if !errors.As(err, &pending) || pending.HTTPStatus != 409 || pending.ErrorCode != "outcome_pending" ||
 		pending.State != idemdv1.State_STATE_UNKNOWN || !strings.Contains(pending.Reason, "boom") {
@@ -226,7 +235,7 @@ func TestAmbiguousFailureReasonIsTheErrorText(t *testing.T) {
 	key := newKey(t)
 	handlerErr := errors.New("provider timed out after 30s")
 	_, err := c.ExecuteOnce(context.Background(), paymentsEndpoint, key, payment,
-		func(context.Context) (*idemd.Response, error) { return nil, handlerErr })
+		func(context.Context, idemd.Execution) (*idemd.Response, error) { return nil, handlerErr })
 	if !errors.Is(err, handlerErr) {
 		t.Fatalf("err = %v, want the handler's error", err)
 	}
@@ -247,7 +256,7 @@ func TestUnstorableResponse(t *testing.T) {
 	key := newKey(t)
 	huge := created(strings.Repeat("x", 300*1024)) // over max_response_bytes (256 KiB)
 	_, err := c.ExecuteOnce(context.Background(), paymentsEndpoint, key, payment,
-		func(context.Context) (*idemd.Response, error) { return huge, nil })
+		func(context.Context, idemd.Execution) (*idemd.Response, error) { return huge, nil })
 	var ce *idemd.CompleteError
 	if !errors.As(err, &ce) || ce.Response != huge || status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("err = %v, want *CompleteError with RESOURCE_EXHAUSTED", err)
@@ -265,7 +274,7 @@ func TestLargeBodiesUseTheLocalFingerprint(t *testing.T) {
 	big := payment
 	big.Body = []byte(`{"blob":"` + strings.Repeat("a", 1536*1024) + `","amount":1}`)
 	var calls atomic.Int32
-	handler := func(context.Context) (*idemd.Response, error) {
+	handler := func(context.Context, idemd.Execution) (*idemd.Response, error) {
 		calls.Add(1)
 		return created(`{"id":"pay_big"}`), nil
 	}
@@ -289,7 +298,10 @@ func TestLocalFingerprintErrorsFailBeforeClaiming(t *testing.T) {
 	bad := payment
 	bad.Body = []byte(`{"amount":1,"amount":2}`)
 	_, err := c.ExecuteOnce(context.Background(), paymentsEndpoint, key, bad,
-		func(context.Context) (*idemd.Response, error) { t.Error("handler ran"); return nil, nil },
+		func(context.Context, idemd.Execution) (*idemd.Response, error) {
+			t.Error("handler ran")
+			return nil, nil
+		},
 		idemd.WithLocalFingerprint())
 	if !errors.Is(err, idemd.ErrDuplicateKey) {
 		t.Errorf("err = %v, want duplicate_key", err)
@@ -306,7 +318,7 @@ func TestCancelledCallerStillRecordsTheOutcome(t *testing.T) {
 	c := newClient(t)
 	key := newKey(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	_, err := c.ExecuteOnce(ctx, paymentsEndpoint, key, payment, func(ctx context.Context) (*idemd.Response, error) {
+	_, err := c.ExecuteOnce(ctx, paymentsEndpoint, key, payment, func(ctx context.Context, _ idemd.Execution) (*idemd.Response, error) {
 		cancel()
 		<-ctx.Done()
 		return nil, ctx.Err()
@@ -342,7 +354,7 @@ func TestTenantHeader(t *testing.T) {
 	acme, globex := tenant("acme"), tenant("globex")
 	key := newKey(t)
 	if _, err := acme.ExecuteOnce(context.Background(), paymentsEndpoint, key, payment,
-		func(context.Context) (*idemd.Response, error) { return created(`{}`), nil }); err != nil {
+		func(context.Context, idemd.Execution) (*idemd.Response, error) { return created(`{}`), nil }); err != nil {
 		t.Fatal(err)
 	}
 	if got := lookupState(t, acme, paymentsEndpoint, key); got != "COMPLETED" {

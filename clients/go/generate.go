@@ -1,5 +1,8 @@
 package idemd
 
 // The gRPC stubs in gen/ are generated from proto/idemd/v1/idempotency.proto
-// and never committed.
+// and committed, because a module fetched with `go get` is compiled as
+// published and cannot run a generator. After changing the proto, run
+// `go generate .` here (or scripts/generate.sh) and commit gen/; test.sh
+// fails while the committed stubs differ from what the script produces.
 //go:generate bash scripts/generate.sh

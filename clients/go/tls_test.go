@@ -64,7 +64,7 @@ func TestMTLS(t *testing.T) {
 
 	t.Run("alice executes once then replays", func(t *testing.T) {
 		var calls atomic.Int32
-		handler := func(context.Context) (*idemd.Response, error) {
+		handler := func(context.Context, idemd.Execution) (*idemd.Response, error) {
 			calls.Add(1)
 			return created(`{"id":"pay_mtls"}`), nil
 		}

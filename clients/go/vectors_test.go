@@ -131,6 +131,10 @@ func TestDownstreamKeyVectors(t *testing.T) {
 		if !shape.MatchString(got) {
 			t.Errorf("vector %d: %q is not 43 characters of [A-Za-z0-9_-]", i, got)
 		}
+		// The method handlers use must be the same derivation.
+		if m := (idemd.Execution{Key: v.Key}).DownstreamKey(v.Step); m != v.DownstreamKey {
+			t.Errorf("vector %d (step %q): Execution.DownstreamKey = %s, want %s", i, v.Step, m, v.DownstreamKey)
+		}
 	}
 }
 

@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod certs;
+pub mod latency;
 pub mod process;
 
 use std::sync::Arc;

@@ -106,10 +106,10 @@ func (s *Server) createPayment(w http.ResponseWriter, r *http.Request) {
 		Method: r.Method, Path: r.URL.Path, ContentType: r.Header.Get("Content-Type"), Body: body,
 	}
 	var providerErr error
-	result, err := s.Idemd.ExecuteOnce(r.Context(), Endpoint, key, request, func(ctx context.Context) (*idemd.Response, error) {
+	result, err := s.Idemd.ExecuteOnce(r.Context(), Endpoint, key, request, func(ctx context.Context, ex idemd.Execution) (*idemd.Response, error) {
 		// The provider's key is derived from ours: every retry of this
 		// payment sends the same one, so the provider never charges twice.
-		charge, err := s.Provider.Charge(ctx, idemd.DownstreamKey(key, "charge"), payment)
+		charge, err := s.Provider.Charge(ctx, ex.DownstreamKey("charge"), payment)
 		switch {
 		case errors.Is(err, ErrDeclined):
 			return jsonResponse(http.StatusPaymentRequired, map[string]string{"error": "card_declined"}), nil

@@ -1,0 +1,189 @@
+package idemd_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemd/idemd/clients/go/internal/testserver"
+)
+
+// consumerProgram is a user's first program: execute, replay, then the same
+// key with a different body.
+const consumerProgram = `package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+
+	idemd "github.com/idemd/idemd/clients/go"
+)
+
+func main() {
+	client, err := idemd.New(os.Getenv("IDEMD_ADDR"), idemd.WithToken(os.Getenv("IDEMD_TOKEN")), idemd.WithInsecure())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	calls := 0
+	charge := func(ctx context.Context, ex idemd.Execution) (*idemd.Response, error) {
+		calls++
+		return &idemd.Response{Status: 201, Body: []byte("{\"id\":\"pay_1\"}")}, nil
+	}
+	for _, body := range []string{"{\"amount\":4200}", "{\"amount\":4200}", "{\"amount\":9900}"} {
+		req := idemd.HTTPRequest{Method: "POST", Path: "/v1/payments", ContentType: "application/json", Body: []byte(body)}
+		res, err := client.ExecuteOnce(context.Background(), "POST /v1/payments", os.Getenv("IDEMPOTENCY_KEY"), req, charge)
+		var reuse *idemd.KeyReuseError
+		switch {
+		case errors.As(err, &reuse):
+			fmt.Println("key reuse:", reuse.HTTPStatus, reuse.ErrorCode, "handler calls:", calls)
+		case err != nil:
+			log.Fatal(err)
+		default:
+			fmt.Println(res.Response.Status, string(res.Response.Body), "replayed:", res.Replayed, "handler calls:", calls)
+		}
+	}
+}
+`
+
+// The placeholder of the README's local-checkout recipe.
+const checkoutPlaceholder = "/path/to/idemd"
+
+// TestConsumerModule is a throwaway user project (issue 12, part A): a new
+// module outside the repository requires the SDK the way README.md tells a
+// user to from a local checkout (its sh block with "-replace=", run as
+// written), resolves the dependencies through the module proxy, builds and
+// runs consumerProgram against a live idemd. The "checkout" is a copy of
+// exactly the files git would ship for clients/go (tracked, plus untracked
+// and not ignored), so a file that is ignored but exists here, like stubs
+// generated locally, cannot hide a packaging defect.
+//
+// A Go test rather than a test.sh step, so that it shares the suite's idemd
+// (testserver: address from the log, SIGTERM, the log tail on failure) and
+// runs alongside the other tests. It needs git, and the module proxy unless
+// the module cache already holds the dependencies.
+func TestConsumerModule(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	root := testserver.RepoRoot()
+	tmp := t.TempDir()
+	if rel, err := filepath.Rel(root, tmp); err == nil && !strings.HasPrefix(rel, "..") {
+		t.Fatalf("temporary directory %s is inside the repository %s: set TMPDIR elsewhere", tmp, root)
+	}
+	checkout := filepath.Join(tmp, "idemd")
+	copyShippedFiles(t, root, "clients/go", checkout)
+
+	recipe := readmeBlock(t, "sh", "-replace=")
+	if strings.Count(recipe, checkoutPlaceholder) != 1 {
+		t.Fatalf("the README's replace recipe should name the checkout as %s exactly once:\n%s", checkoutPlaceholder, recipe)
+	}
+	recipe = strings.Replace(recipe, checkoutPlaceholder, checkout, 1)
+
+	consumer := filepath.Join(tmp, "consumer")
+	if err := os.Mkdir(consumer, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(consumer, "main.go"), []byte(consumerProgram), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A user's shell: no workspace, no GOFLAGS of ours; the proxy settings
+	// and the toolchain (PATH, GOTOOLCHAIN) are inherited.
+	env := append(os.Environ(), "GOWORK=off", "GOFLAGS=")
+	run := func(name string, args ...string) string {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, name, args...)
+		cmd.Dir = consumer
+		cmd.Env = env
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out.String())
+		}
+		return out.String()
+	}
+	run("go", "mod", "init", "example.com/consumer")
+	run("bash", "-euo", "pipefail", "-c", recipe)
+	exe := filepath.Join(tmp, "consumer-program")
+	run("go", "build", "-o", exe, ".")
+
+	env = append(env,
+		"IDEMD_ADDR="+testserver.Shared(t).Addr,
+		"IDEMD_TOKEN="+credential(t, "alice"),
+		"IDEMPOTENCY_KEY="+newKey(t),
+	)
+	got := strings.TrimSpace(run(exe))
+	want := strings.Join([]string{
+		`201 {"id":"pay_1"} replayed: false handler calls: 1`,
+		`201 {"id":"pay_1"} replayed: true handler calls: 1`,
+		`key reuse: 422 idempotency_key_reuse handler calls: 1`,
+	}, "\n")
+	if got != want {
+		t.Errorf("the consumer program printed\n%s\nwant\n%s", got, want)
+	}
+}
+
+// copyShippedFiles copies the files git would ship under dir of the
+// repository at root (tracked, and untracked but not ignored) to the same
+// relative paths under dest.
+func copyShippedFiles(t *testing.T, root, dir, dest string) {
+	t.Helper()
+	git, err := exec.LookPath("git")
+	if err != nil {
+		t.Fatal("git is needed to list the files the SDK ships: ", err)
+	}
+	list, err := exec.Command(git, "-C", root, "ls-files", "-z", "-co", "--exclude-standard", "--", dir).Output()
+	if err != nil {
+		t.Fatalf("git ls-files: %v", err)
+	}
+	files := strings.Split(strings.TrimSuffix(string(list), "\x00"), "\x00")
+	if len(files) < 2 {
+		t.Fatalf("git ls-files lists %d files under %s", len(files), dir)
+	}
+	for _, rel := range files {
+		src := filepath.Join(root, rel)
+		info, err := os.Stat(src)
+		if os.IsNotExist(err) {
+			continue // tracked but deleted in the work tree: not shipped by this checkout
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		target := filepath.Join(dest, rel)
+		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(target, data, info.Mode().Perm()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// readmeBlock is the first ```lang block of README.md that contains marker.
+func readmeBlock(t *testing.T, lang, marker string) string {
+	t.Helper()
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile("(?s)```"+regexp.QuoteMeta(lang)+"\n(.*?)```").FindAllSubmatch(readme, -1) {
+		if bytes.Contains(m[1], []byte(marker)) {
+			return string(m[1])
+		}
+	}
+	t.Fatalf("README.md has no ```%s block containing %q", lang, marker)
+	return ""
+}
