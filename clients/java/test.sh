@@ -2,15 +2,25 @@
 # Builds the Java SDK (stubs generated from proto/ at build time) and runs all of its tests:
 # fingerprint and downstream-key vectors, the conformance scenarios, the README example and the
 # HTTP example, against a live idemd started from $IDEMD_BIN (default: <repo>/target/debug/idemd),
-# and the mTLS test (MutualTlsTest) against a TLS idemd using the certificates in
-# $IDEMD_TEST_CERTS (written by `make test-certs`; without it that test fails). Surefire's forked
-# JVM inherits the environment, so both variables reach the tests.
+# the mTLS test (MutualTlsTest) against a TLS idemd using the certificates in $IDEMD_TEST_CERTS
+# (written by `make test-certs`; without it that test fails), and the consumer project
+# (ConsumerProjectTest: README "Install" run as written on a copy of the files git ships for
+# clients/java and proto/, then a fresh Maven project outside the repository; it needs git, and
+# Maven Central for the plugins missing from ~/.m2, and writes nothing to ~/.m2). Surefire's
+# forked JVM inherits the environment, so both variables reach the tests.
+#
+# One `mvn test` runs two Surefire executions in this order (pom.xml): `default-test`, every test
+# except the replay latency check (JUnit tag "latency"), then `replay-latency`, ReplayLatencyTest
+# alone in a JVM and idemd of its own, so that nothing else competes for the CPU; it prints
+# `latency: 100 replays of a 1 KiB body: p50 X ms, p99 Y ms` and fails when the p50 is over 10 ms
+# (clients/conformance/README.md, "Replay latency check"). A failure in the first execution stops
+# the build before the second.
 #
 #   IDEMD_BIN=/path/to/idemd IDEMD_TEST_CERTS=/path/to/test-certs clients/java/test.sh
 #
 # Installs a JDK (17+) and Maven with apt when missing; Maven dependencies, protoc and the gRPC
 # plugin come from Maven Central into the standard ~/.m2 cache. Maven's own output is kept to
-# warnings, errors and Surefire's test summary.
+# warnings, errors, Surefire's test summary and the latency line.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

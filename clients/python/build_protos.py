@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Generates the idemd.v1 gRPC stubs from proto/idemd/v1/idempotency.proto.
 
-Run by test.sh and by the package build (setup.py); the generated modules go
-to src/idemd/v1/ (git-ignored) and are never committed. Needs grpcio-tools.
+Run by test.sh and by the package build (_build_backend/idemd_build.py); the
+generated modules go to src/idemd/v1/ (git-ignored) and are never committed.
+Needs grpcio-tools.
 
     python build_protos.py [--proto-root DIR]
 

@@ -2,7 +2,7 @@
 # Python SDK: installs what it needs into .venv (pinned in requirements-dev.txt),
 # generates the gRPC stubs from proto/idemd/v1/idempotency.proto, and runs every
 # test (vectors, conformance scenarios, README, HTTP example, executor, TLS/mTLS,
-# packaging) against a real idemd started from $IDEMD_BIN (default:
+# packaging, the README's install into a fresh venv, replay latency) against a real idemd started from $IDEMD_BIN (default:
 # <repo>/target/debug/idemd). The TLS test takes its certificates from
 # $IDEMD_TEST_CERTS (written by `make test-certs`) and fails when it is unset.
 #

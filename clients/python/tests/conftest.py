@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -104,6 +105,34 @@ def start_server(auth: bool = True, extra_args: Sequence[str] = ()) -> Iterator[
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def clean_checkout(dest: Path) -> Path:
+    """Copies what git would ship of this SDK (tracked plus untracked-but-not-ignored
+    files, never the ignored generated stubs, .venv or build output) and the proto
+    it is generated from into ``dest``, laid out like the repository; returns the
+    copy of the SDK folder. A packaging step that only works because stubs were
+    generated in the work tree fails on this copy."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z", "clients/python", "proto"],
+        cwd=REPO_ROOT, check=True, capture_output=True,
+    ).stdout.decode("utf-8").split("\0")
+    for name in filter(None, listed):
+        source = REPO_ROOT / name
+        if not source.is_file():  # deleted in the work tree, not yet in the index
+            continue
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+    sdk = dest / "clients" / "python"
+    assert not (sdk / "src" / "idemd" / "v1").exists()
+    return sdk
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    # The latency check runs after everything else (conformance README), so the
+    # other tests' servers and builds are not competing for the CPU it measures.
+    items.sort(key=lambda item: item.get_closest_marker("latency") is not None)
 
 
 @pytest.fixture(scope="session")

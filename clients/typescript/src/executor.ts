@@ -34,6 +34,14 @@ import type { Duration } from "./gen/google/protobuf/duration";
 /** Headers in order, repeats kept: `[["Set-Cookie", "a=1"], ["Set-Cookie", "b=2"]]`. */
 export type HeaderList = Array<[name: string, value: string]>;
 
+/**
+ * The headers a handler returns: `[name, value]` pairs in order, repeats kept. Plain
+ * `string[][]` is accepted too, because that is what TypeScript infers for
+ * `[["Content-Type", "application/json"]]` in a handler written outside the `executeOnce` call;
+ * an entry that is not exactly two strings makes the execution fail with a `TypeError`.
+ */
+export type HandlerHeaders = ReadonlyArray<readonly [name: string, value: string] | readonly string[]>;
+
 /** The request whose fingerprint identifies the operation (same on every retry). */
 export interface RequestDescription {
   /** HTTP method (compared case-insensitively). */
@@ -52,8 +60,8 @@ export interface RequestDescription {
 export interface HandlerResponse {
   /** HTTP status, 100..599. */
   status: number;
-  /** Headers, replayed in this order with repeats kept. */
-  headers?: ReadonlyArray<readonly [name: string, value: string]>;
+  /** Headers, `[name, value]` pairs replayed in this order with repeats kept. */
+  headers?: HandlerHeaders;
   /** Body; a string is stored as UTF-8. */
   body?: string | Uint8Array;
   /** Pointer to a body kept elsewhere, for responses over the policy's size cap. */
@@ -84,6 +92,12 @@ export interface HandlerContext {
   downstreamKey(step: string): string;
 }
 
+/**
+ * The side effect {@link IdemdClient.executeOnce} runs at most once per key. Annotate a handler
+ * defined apart from the call with it: `const charge: Handler = async (ctx) => ({ status: 201 })`.
+ */
+export type Handler = (context: HandlerContext) => Promise<HandlerResponse> | HandlerResponse;
+
 export interface ExecuteOnceOptions {
   /** Logical endpoint, e.g. `"POST /v1/payments"` (selects the server's policy). */
   endpoint: string;
@@ -92,7 +106,7 @@ export interface ExecuteOnceOptions {
   /** The request that identifies the operation. */
   request: RequestDescription;
   /** The side effect. Runs at most once per key; throw {@link NoSideEffectError} if nothing happened. */
-  handler: (context: HandlerContext) => Promise<HandlerResponse> | HandlerResponse;
+  handler: Handler;
   /**
    * `"server"` (default): send the request and let idemd fingerprint it (applies the endpoint
    * policy's `ignore_fields` too). `"local"`: compute fingerprint v1 here and send the digest
@@ -386,10 +400,18 @@ function toStoredResponse(response: HandlerResponse): StoredResponse {
   }
   return {
     status: response.status,
-    headers: (response.headers ?? []).map(([name, value]) => ({ name, value })),
+    headers: (response.headers ?? []).map(toHeader),
     body: toBuffer(response.body),
     bodyRef: response.bodyRef ?? "",
   };
+}
+
+function toHeader(header: unknown): { name: string; value: string } {
+  if (!Array.isArray(header) || header.length !== 2 || !header.every((part) => typeof part === "string")) {
+    throw new TypeError("the handler's headers must be [name, value] pairs of strings");
+  }
+  const [name, value] = header as [string, string];
+  return { name, value };
 }
 
 function toHttpResponse(response: StoredResponse | undefined): HttpResponse {

@@ -12,7 +12,9 @@ export { executeOnce } from "./executor";
 export type {
   ExecuteOnceOptions,
   ExecuteResult,
+  Handler,
   HandlerContext,
+  HandlerHeaders,
   HandlerResponse,
   HeaderList,
   HttpResponse,

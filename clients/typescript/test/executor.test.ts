@@ -16,6 +16,7 @@ import {
   OutcomePendingError,
   RpcError,
   v1,
+  type Handler,
   type HandlerContext,
 } from "../src";
 import { startIdemd, type IdemdServer } from "./support/idemd";
@@ -133,6 +134,37 @@ describe("executor and client against a live idemd", () => {
     await assert.rejects(
       client.executeOnce({ endpoint: ENDPOINT, key, request: PAYMENT, handler: () => ({ status: 42 }) }),
       TypeError,
+    );
+    const looked = await client.lookup({ endpoint: ENDPOINT, key });
+    assert.equal(looked.record?.state, v1.State.STATE_UNKNOWN);
+  });
+
+  test("handlers defined apart from the call type-check, annotated or not", async () => {
+    // What TypeScript infers here is `headers: string[][]`, not a tuple type: accepted.
+    const inferred = async () => ({ status: 201, headers: [["Content-Type", "text/plain"], ["X-Step", "1"]], body: "a" });
+    const annotated: Handler = (ctx) => ({ status: 201, headers: [["X-Attempt", String(ctx.attempt)]], body: "b" });
+    async function declared(ctx: HandlerContext) {
+      return { status: 202, headers: [["X-Key-Length", String(ctx.key.length)]] };
+    }
+    const results = [];
+    for (const handler of [inferred, annotated, declared]) {
+      results.push(await client.executeOnce({ endpoint: ENDPOINT, key: randomUUID(), request: PAYMENT, handler }));
+    }
+    assert.deepEqual(
+      results.map(({ response }) => [response.status, response.headers, response.body.toString()]),
+      [
+        [201, [["Content-Type", "text/plain"], ["X-Step", "1"]], "a"],
+        [201, [["X-Attempt", "1"]], "b"],
+        [202, [["X-Key-Length", "36"]], ""],
+      ],
+    );
+  });
+
+  test("a header that is not a [name, value] pair is an ambiguous failure", async () => {
+    const key = randomUUID();
+    await assert.rejects(
+      client.executeOnce({ endpoint: ENDPOINT, key, request: PAYMENT, handler: () => ({ status: 201, headers: [["X-Only-Name"]] }) }),
+      (err) => err instanceof TypeError && /\[name, value\] pairs/.test(err.message),
     );
     const looked = await client.lookup({ endpoint: ENDPOINT, key });
     assert.equal(looked.record?.state, v1.State.STATE_UNKNOWN);

@@ -1,0 +1,87 @@
+"""The SDK installs from outside the repository exactly as README.md's Install
+section says, and a fresh project can use it against the live idemd
+(clients/conformance/README.md, "Consumer project")."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from conftest import CREDENTIALS, SDK_ROOT, Server, clean_checkout
+
+# What the Install section must say, line for line; the test runs these lines.
+# The build runs with the test venv's python (which has `build`); the install
+# with the fresh consumer venv's pip.
+BUILD = "python -m build --wheel clients/python"
+INSTALL = "pip install clients/python/dist/idemd-*.whl"
+
+PROGRAM = '''
+import os, uuid
+from idemd import Client, KeyReuseError, Request, Response
+client = Client(os.environ["IDEMD_ADDR"], token=os.environ["IDEMD_TOKEN"], insecure=True)
+calls = []
+handler = lambda execution: calls.append(execution.key) or Response(201, [("Content-Type", "text/plain")], b"paid")
+key, payment = str(uuid.uuid4()), Request("POST", "/v1/payments", b'{"amount":1}', "application/json")
+first = client.execute_once("POST /v1/payments", key, payment, handler)
+retry = client.execute_once("POST /v1/payments", key, payment, handler)
+assert (first.replayed, retry.replayed, len(calls)) == (False, True, 1) and retry.response == first.response
+try:
+    client.execute_once("POST /v1/payments", key, Request("POST", "/v1/payments", b'{"amount":2}', "application/json"), handler)
+    raise SystemExit("a different body with the same key was not refused")
+except KeyReuseError as err:
+    assert err.http_status == 422 and len(calls) == 1, (err.http_status, calls)
+import idemd; print(idemd.__file__)
+'''
+
+
+def install_commands() -> list:
+    readme = (SDK_ROOT / "README.md").read_text(encoding="utf-8")
+    section = re.search(r"^## Install\n(.*?)(?=^## )", readme, flags=re.S | re.M)
+    assert section, "README.md has no '## Install' section"
+    block = re.search(r"```sh\n(.*?)```", section.group(1), flags=re.S)
+    assert block, "README.md's Install section has no sh block"
+    return [line.split("#", 1)[0].strip() for line in block.group(1).splitlines() if line.split("#", 1)[0].strip()]
+
+
+def run(command: str, cwd: Path, bin_dir: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PIP_REQUIRE_VIRTUALENV")}
+    env["PATH"] = str(bin_dir) + os.pathsep + env.get("PATH", "")
+    env["VIRTUAL_ENV"] = str(bin_dir.parent)
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    done = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"`{command}` failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+
+def test_readme_install_section_is_what_this_test_runs() -> None:
+    assert install_commands() == [BUILD, INSTALL]
+
+
+@pytest.mark.consumer
+def test_fresh_project_installs_the_wheel_and_runs(server: Server, tmp_path: Path) -> None:
+    checkout = tmp_path / "checkout"
+    clean_checkout(checkout)
+    # Build isolation on (the build's default), as for a user: the build
+    # requirements come from pyproject.toml, not from this venv.
+    run(BUILD, checkout, Path(sys.executable).parent)
+
+    consumer = tmp_path / "consumer"
+    venv.EnvBuilder(with_pip=True).create(consumer / ".venv")
+    consumer_bin = consumer / ".venv" / "bin"
+    run(INSTALL, checkout, consumer_bin)
+
+    (consumer / "app.py").write_text(PROGRAM, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(IDEMD_ADDR=server.address, IDEMD_TOKEN=CREDENTIALS["alice"])
+    done = subprocess.run(
+        [str(consumer_bin / "python"), "app.py"],
+        cwd=consumer, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    # The SDK came from the installed wheel, not from this repository.
+    assert done.stdout.strip().startswith(str(consumer / ".venv")), done.stdout
