@@ -37,8 +37,7 @@ cargo-test:
 ## cql-test: the store and gRPC suites, multi-replica and timeout tests on a
 ## real Cassandra 5.0 cluster (scripts/cassandra.sh: jars from Maven Central).
 cql-test:
-	scripts/with-cassandra.sh -- $(CARGO) test --features cql-tests \
-		--test store_cql --test grpc_cql --test cql_cluster --test encryption_cql
+	scripts/with-cassandra.sh -- $(CARGO) test --features cql-tests --test cql
 
 ## observability-test: promtool check/test of deploy/prometheus (installs
 ## Debian's prometheus package), then a real Prometheus scraping a real idemd.

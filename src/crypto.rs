@@ -1,5 +1,7 @@
-//! Encryption at rest of stored responses: a keyring of AES-256-GCM keys
-//! and the sealed-value envelope both stores write.
+//! Encryption at rest: a keyring of AES-256-GCM keys and the sealed-value
+//! envelope, on bytes only. What is sealed and with which associated data is
+//! the caller's business ([`crate::store::response`] seals stored
+//! responses); this module knows nothing of records or stores.
 //!
 //! # Why
 //!
@@ -43,10 +45,10 @@
 //! The nonce is 96 random bits from the operating system's CSPRNG per
 //! write; with at most a few billion writes per key the collision
 //! probability stays far below 2^-32 (NIST SP 800-38D), another reason to
-//! rotate yearly. The associated data binds the ciphertext to its record
-//! (tenant, endpoint, key; length-prefixed so that no two triples encode
-//! alike) and to the envelope header (format and key id), so a value copied
-//! to another row, or relabelled with another key id, fails to decrypt.
+//! rotate yearly. The associated data binds the ciphertext to the caller's
+//! context (for a response: its record's tenant, endpoint and key) and to
+//! the envelope header (format and key id), so a value copied to another
+//! row, or relabelled with another key id, fails to decrypt.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -54,9 +56,6 @@ use std::path::{Path, PathBuf};
 use base64::Engine as _;
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use ring::rand::{SecureRandom, SystemRandom};
-
-use crate::store::embedded::codec;
-use crate::store::{RecordKey, StoreError, StoredResponse};
 
 /// First byte of a sealed value, format version 1.
 pub const ENVELOPE_V1: u8 = 0xE1;
@@ -69,10 +68,6 @@ const KEY_LEN: usize = 32;
 
 /// Bytes of the GCM authentication tag.
 const TAG_LEN: usize = 16;
-
-/// Domain separation of the associated data: a sealed response cannot be
-/// mistaken for any other kind of sealed value added later.
-const RESPONSE_CONTEXT: &[u8] = b"idemd/stored-response/v1";
 
 /// Why a keyring file could not be loaded. Every message names the file
 /// and, for content errors, the line.
@@ -139,12 +134,6 @@ pub enum CryptoError {
     /// Sealing failed (the CSPRNG failed).
     #[error("cannot encrypt: {0}")]
     Seal(String),
-}
-
-impl From<CryptoError> for StoreError {
-    fn from(error: CryptoError) -> Self {
-        StoreError::Undecryptable(error.to_string())
-    }
 }
 
 struct KeyEntry {
@@ -407,63 +396,6 @@ pub fn sealed_key_id(bytes: &[u8]) -> Result<&str, CryptoError> {
     Envelope::parse(bytes).map(|envelope| envelope.key_id)
 }
 
-fn push_frame(out: &mut Vec<u8>, part: &[u8]) {
-    // u32 lengths: unambiguous for any field size.
-    out.extend_from_slice(&u32::try_from(part.len()).unwrap_or(u32::MAX).to_be_bytes());
-    out.extend_from_slice(part);
-}
-
-/// Associated data of a record's response: binds it to (tenant, endpoint,
-/// key), length-prefixed so that distinct triples never encode alike.
-pub fn response_aad(id: &RecordKey) -> Vec<u8> {
-    let mut out = Vec::with_capacity(
-        RESPONSE_CONTEXT.len() + 12 + id.tenant.len() + id.endpoint.len() + id.key.len(),
-    );
-    out.extend_from_slice(RESPONSE_CONTEXT);
-    push_frame(&mut out, id.tenant.as_bytes());
-    push_frame(&mut out, id.endpoint.as_bytes());
-    push_frame(&mut out, id.key.as_bytes());
-    out
-}
-
-/// The bytes a backend stores for `response` of record `id`: sealed with
-/// the keyring when there is one, the plain encoding otherwise.
-pub fn seal_response(
-    keyring: Option<&Keyring>,
-    id: &RecordKey,
-    response: &StoredResponse,
-) -> Result<Vec<u8>, CryptoError> {
-    let encoded = codec::encode_response(response);
-    match keyring {
-        Some(keyring) => keyring.seal(&response_aad(id), &encoded),
-        None => Ok(encoded),
-    }
-}
-
-/// Inverse of [`seal_response`]: accepts sealed and plaintext values (those
-/// written before encryption was turned on).
-pub fn open_response(
-    keyring: Option<&Keyring>,
-    id: &RecordKey,
-    bytes: &[u8],
-) -> Result<StoredResponse, StoreError> {
-    let decoded = if is_sealed(bytes) {
-        let plaintext = match keyring {
-            Some(keyring) => keyring.open(&response_aad(id), bytes)?,
-            None => {
-                return Err(CryptoError::NoKeyring {
-                    key_id: sealed_key_id(bytes)?.to_string(),
-                }
-                .into());
-            }
-        };
-        codec::decode_response(&plaintext)
-    } else {
-        codec::decode_response(bytes)
-    };
-    decoded.map_err(|e| StoreError::Corrupt(format!("stored response: {e}")))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -481,23 +413,6 @@ mod tests {
             .to_string()
     }
 
-    fn id(key: &str) -> RecordKey {
-        RecordKey {
-            tenant: "t".into(),
-            endpoint: "POST /v1/payments".into(),
-            key: key.into(),
-        }
-    }
-
-    fn response() -> StoredResponse {
-        StoredResponse {
-            status: 201,
-            headers: vec![("content-type".into(), "application/json".into())],
-            body: b"{\"secret\":\"card-4242\"}".to_vec(),
-            body_ref: "s3://bucket/obj".into(),
-        }
-    }
-
     #[test]
     fn round_trip_hides_the_plaintext() {
         let keys = ring(&format!("# comment\n\nk1 {K1}\n"));
@@ -513,25 +428,13 @@ mod tests {
     #[test]
     fn wrong_associated_data_fails() {
         let keys = ring(&format!("k1 {K1}"));
-        let sealed = seal_response(Some(&keys), &id("a"), &response()).expect("seal");
+        let sealed = keys.seal(b"row-a", b"payload").expect("seal");
         assert_eq!(
-            open_response(Some(&keys), &id("a"), &sealed),
-            Ok(response())
+            keys.open(b"row-b", &sealed),
+            Err(CryptoError::Authentication {
+                key_id: "k1".into()
+            })
         );
-        let copied = open_response(Some(&keys), &id("b"), &sealed).expect_err("copied row");
-        assert!(matches!(&copied, StoreError::Undecryptable(m) if m.contains("\"k1\"")));
-        // Length prefixes: moving bytes between fields changes the AAD.
-        let a = RecordKey {
-            tenant: "ab".into(),
-            endpoint: "c".into(),
-            key: "d".into(),
-        };
-        let b = RecordKey {
-            tenant: "a".into(),
-            endpoint: "bc".into(),
-            key: "d".into(),
-        };
-        assert_ne!(response_aad(&a), response_aad(&b));
     }
 
     #[test]
@@ -561,22 +464,15 @@ mod tests {
     }
 
     #[test]
-    fn unknown_key_and_missing_keyring_name_the_key_id() {
-        let old = ring(&format!("old-1 {K1}"));
-        let sealed = seal_response(Some(&old), &id("a"), &response()).expect("seal");
-        let other = ring(&format!("new-2 {K2}"));
-        let error = open_response(Some(&other), &id("a"), &sealed).expect_err("unknown key");
+    fn unknown_key_is_named() {
+        let sealed = ring(&format!("old-1 {K1}"))
+            .seal(b"ctx", b"payload")
+            .expect("seal");
+        let error = ring(&format!("new-2 {K2}"))
+            .open(b"ctx", &sealed)
+            .expect_err("unknown key");
         assert!(error.to_string().contains("\"old-1\""), "{error}");
         assert!(error.to_string().contains("not in the encryption keyring"));
-        let error = open_response(None, &id("a"), &sealed).expect_err("no keyring");
-        assert!(error.to_string().contains("\"old-1\""), "{error}");
-        // Same id, different material: authentication failure, not garbage.
-        let impostor = ring(&format!("old-1 {K2}"));
-        let error = open_response(Some(&impostor), &id("a"), &sealed).expect_err("wrong key");
-        assert!(
-            error.to_string().contains("failed authentication"),
-            "{error}"
-        );
     }
 
     #[test]
@@ -590,19 +486,6 @@ mod tests {
         assert_eq!(sealed_key_id(&new), Ok("k2"));
         assert_eq!(after.open(b"ctx", &old).expect("old"), b"old");
         assert_eq!(after.open(b"ctx", &new).expect("new"), b"new");
-    }
-
-    #[test]
-    fn plaintext_values_stay_readable() {
-        let keys = ring(&format!("k1 {K1}"));
-        let plain = seal_response(None, &id("a"), &response()).expect("encode");
-        assert!(!is_sealed(&plain));
-        assert_eq!(open_response(Some(&keys), &id("a"), &plain), Ok(response()));
-        assert_eq!(open_response(None, &id("a"), &plain), Ok(response()));
-        // Every plaintext encoding starts with a protobuf tag, never 0xE1.
-        assert!(!is_sealed(&codec::encode_response(
-            &StoredResponse::default()
-        )));
     }
 
     #[test]

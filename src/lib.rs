@@ -14,10 +14,12 @@
 //! * [`config`]: command line, `IDEMD_*` environment and the TOML policy
 //!   file, layered and validated into [`config::Settings`].
 //! * [`auth`]: who is calling. Resolves the tenant from credentials (bearer
-//!   tokens, mTLS client certificates) or, with auth off, from the
-//!   `x-tenant-id` metadata.
-//! * [`tls`]: TLS of the gRPC port with certificates reloaded from disk,
-//!   and mTLS client-certificate → tenant mapping.
+//!   tokens, mTLS client certificates through [`auth::client_cert`]) or,
+//!   with auth off, from the `x-tenant-id` metadata.
+//! * [`tls`]: TLS of the gRPC port with certificates reloaded from disk;
+//!   verifies client certificates, which [`auth`] maps to tenants.
+//! * [`reload`]: one watcher for every file re-read while running (tokens,
+//!   client tenants, certificates), on change and on SIGHUP.
 //! * [`api`]: the gRPC handlers. Converts protobuf messages to engine calls
 //!   and maps every engine error to a `tonic::Status` in one place
 //!   ([`api::status`]). Never touches a database type.
@@ -26,9 +28,10 @@
 //!   in-flight duplicates and the completed-record cache. Backend-generic.
 //! * [`fingerprint`]: fingerprint v1, the canonical request digest.
 //! * [`store`]: the [`store::Store`] trait (the only seam between the engine
-//!   and storage) and its backends, one module each.
-//! * [`crypto`]: encryption at rest of stored responses (AES-256-GCM
-//!   keyring, sealed-value envelope), used by both store backends.
+//!   and storage), its backends, one module each, and what they share above
+//!   both ([`store::response`]: the stored response's bytes, sealed or not).
+//! * [`crypto`]: the AES-256-GCM keyring and sealed-value envelope, on
+//!   bytes only.
 //! * [`audit`]: the append-only audit log of audited endpoints' transitions
 //!   ([`audit::AuditLog`]), its own storage with its own retention, one
 //!   module per backend.
@@ -57,6 +60,7 @@ pub mod fingerprint;
 pub mod metrics;
 pub mod net;
 pub mod proto;
+pub mod reload;
 pub mod server;
 pub mod store;
 pub mod telemetry;

@@ -55,10 +55,9 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 /// `idemd migrate`: create the keyspace, apply pending migrations.
 fn migrate(args: &MigrateArgs) -> ExitCode {
     init_logging("info", args.log_format);
-    let options = match args
-        .cql
-        .options(std::time::Duration::from_secs(7 * 24 * 3600))
-    {
+    // ListPending's look-back is irrelevant to migrations; the default
+    // policy's value keeps the options valid.
+    let options = match args.cql.options(idemd::engine::Policy::default().max_ttl) {
         Ok(options) => options,
         Err(error) => {
             eprintln!("idemd: invalid configuration: {error}");
@@ -147,6 +146,13 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // A file named by a flag that cannot be used (tokens, certificates,
+        // mappings, keyring) is a configuration error like a bad flag.
+        Err(error) if error.is_configuration() => {
+            tracing::error!(%error, "invalid configuration");
+            eprintln!("idemd: invalid configuration: {error}");
+            ExitCode::from(2)
+        }
         Err(error) => {
             tracing::error!(%error, "idemd stopped");
             eprintln!("idemd: {error}");

@@ -51,6 +51,9 @@ pub const BUILD_INFO: &str = "idemd_build_info";
 pub const AUDIT_WRITE_ERRORS: &str = "idemd_audit_write_errors_total";
 /// Calls refused by a limit, by limit (`new_keys` per tenant, `in_flight`).
 pub const RATE_LIMITED: &str = "idemd_rate_limited_total";
+/// Reloads of watched files (tokens, client tenants, certificates), by
+/// source and result (`ok`, `error`: the previous version stays).
+pub const RELOADS: &str = "idemd_reloads_total";
 /// Label values replaced by `_other` because of the cardinality cap.
 pub const LABEL_OVERFLOW: &str = "idemd_metric_label_overflow_total";
 
@@ -127,6 +130,10 @@ pub fn describe() {
         "Size of stored responses."
     );
     describe_gauge!(BUILD_INFO, "Build information.");
+    describe_counter!(
+        RELOADS,
+        "Reloads of watched files by source and result; error keeps the previous version in force."
+    );
     describe_counter!(
         LABEL_OVERFLOW,
         "Label values reported as _other because of the cardinality cap."

@@ -11,7 +11,7 @@
 //! silently ignored by `serve_with_incoming`, which idemd needs for its own
 //! TLS acceptor and for binding before the store opens. That is how the
 //! defect shipped once (issue 12); `clippy.toml` now forbids accepting a
-//! connection anywhere but here, and `tests/server.rs` and `tests/tls.rs`
+//! connection anywhere but here, and `tests/it/server.rs` and `tests/it/tls.rs`
 //! measure calls at one in flight through a real client
 //! (`tests/common/latency.rs`).
 

@@ -25,17 +25,19 @@ use crate::audit::AuditLog;
 use crate::audit::cql::CqlAuditLog;
 use crate::audit::embedded::EmbeddedAuditLog;
 use crate::auth::Authenticator;
+use crate::auth::client_cert::{ClientTenants, MappingFileError};
 use crate::clock::SharedClock;
 use crate::config::{Settings, StoreSettings};
 use crate::crypto::Keyring;
 use crate::engine::Engine;
 use crate::metrics::LabelGuard;
 use crate::proto::v1 as pb;
+use crate::reload::{ReloadEvents, Reloader};
 use crate::store::Store;
 use crate::store::cql::CqlStore;
 use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::store::instrumented::InstrumentedStore;
-use crate::tls::{ClientTenants, TlsError, TlsServer};
+use crate::tls::TlsServer;
 
 /// Fully qualified name of the service, as health checks know it.
 pub const SERVICE_NAME: &str = "idemd.v1.Idempotency";
@@ -43,9 +45,6 @@ pub const SERVICE_NAME: &str = "idemd.v1.Idempotency";
 /// Records removed per sweeper transaction: small enough that a sweep never
 /// holds up the writer for long.
 const SWEEP_BATCH: usize = 1000;
-
-/// How often the tokens file is checked for changes.
-const TOKENS_POLL: Duration = Duration::from_secs(1);
 
 /// Largest gRPC message accepted: the largest stored response (4 MiB) or
 /// request body (1 MiB) plus headroom for the other fields.
@@ -65,6 +64,9 @@ pub enum ServerError {
     /// The tokens file is invalid.
     #[error("auth tokens: {0}")]
     Auth(#[from] crate::auth::TokenFileError),
+    /// The client-tenants mapping is invalid.
+    #[error("tls client tenants: {0}")]
+    ClientTenants(#[from] MappingFileError),
     /// The store could not be opened or closed.
     #[error("{0}")]
     Store(#[from] crate::store::StoreError),
@@ -83,9 +85,26 @@ pub enum ServerError {
     /// The encryption keyring is invalid.
     #[error("{0}")]
     Keyring(#[from] crate::crypto::KeyringError),
-    /// A setting this build cannot honour.
+    /// The settings are invalid ([`Settings::validate`]).
     #[error("{0}")]
-    Unsupported(String),
+    Config(#[from] crate::config::ConfigError),
+}
+
+impl ServerError {
+    /// Whether the error is in the configuration (invalid settings, or a
+    /// file a flag names is unusable) rather than in the
+    /// environment (a busy port, an unreachable store): `idemd` exits 2 for
+    /// these, as for an invalid flag.
+    pub fn is_configuration(&self) -> bool {
+        matches!(
+            self,
+            ServerError::Auth(_)
+                | ServerError::ClientTenants(_)
+                | ServerError::Tls(_)
+                | ServerError::Keyring(_)
+                | ServerError::Config(_)
+        )
+    }
 }
 
 /// The engine once the store is open; Idempotency RPCs before that are
@@ -219,6 +238,8 @@ pub struct RunningServer {
     shutdown: watch::Sender<bool>,
     /// The serving task; resolves after the store is closed.
     task: JoinHandle<Result<(), ServerError>>,
+    /// Outcomes of re-reading the watched files.
+    reloads: ReloadEvents,
 }
 
 impl RunningServer {
@@ -226,6 +247,13 @@ impl RunningServer {
     pub async fn shutdown(self) -> Result<(), ServerError> {
         let _ = self.shutdown.send(true);
         self.wait().await
+    }
+
+    /// Outcomes of re-reading watched files (tokens, client tenants,
+    /// certificates) from now on: tests wait on these instead of sleeping
+    /// past the poll interval.
+    pub fn reload_events(&self) -> ReloadEvents {
+        self.reloads.clone()
     }
 
     /// A handle that triggers shutdown (e.g. from a signal handler).
@@ -247,21 +275,12 @@ impl RunningServer {
 fn authenticator(
     settings: &Settings,
 ) -> Result<(Authenticator, Option<ClientTenants>), ServerError> {
-    let tls = settings.tls.as_ref();
-    let client_ca = tls.and_then(|tls| tls.client_ca.as_deref());
-    let mapping = tls.and_then(|tls| tls.client_tenants.as_deref());
-    if mapping.is_some() && client_ca.is_none() {
-        return Err(TlsError::Settings(
-            "--tls-client-tenants needs --tls-client-ca: only verified client certificates may name a tenant".to_string(),
-        )
-        .into());
-    }
-    if client_ca.is_some() && mapping.is_none() && settings.auth_tokens.is_none() {
-        return Err(TlsError::Settings(
-            "--tls-client-ca without --tls-client-tenants or --auth-tokens: client certificates would be verified but name no tenant; add a mapping, a tokens file, or both".to_string(),
-        )
-        .into());
-    }
+    // Combinations (a mapping without a client CA, ...) were refused by
+    // `Settings::validate`.
+    let mapping = settings
+        .tls
+        .as_ref()
+        .and_then(|tls| tls.client_tenants.as_deref());
     let mut auth = match &settings.auth_tokens {
         Some(path) => Authenticator::from_file(path)?,
         None => Authenticator::disabled(),
@@ -355,6 +374,9 @@ pub async fn start_with_store<F>(
 where
     F: std::future::Future<Output = Result<Arc<dyn Store>, ServerError>> + Send + 'static,
 {
+    // Settings built in code (tests, embedders) get the checks
+    // `Settings::from_args` applies to flags.
+    settings.validate()?;
     // TLS files and the authenticator first: a bad certificate or mapping
     // fails start-up, naming the file, before the port is bound.
     let tls = match &settings.tls {
@@ -362,8 +384,18 @@ where
         None => None,
     };
     let (auth, client_tenants) = authenticator(&settings)?;
-    // Refuse settings this build cannot honour rather than serve without
-    // the protection the operator asked for.
+    // One watcher for every file read above (see `crate::reload`).
+    let mut reloader = Reloader::new(settings.reload_interval);
+    if let Some(tls) = &tls {
+        reloader.add(Arc::new(tls.clone()));
+    }
+    if let Some(source) = auth.tokens_source() {
+        reloader.add(source);
+    }
+    if let Some(client_tenants) = client_tenants {
+        reloader.add(Arc::new(client_tenants));
+    }
+    let reloads = reloader.events();
     // `--encryption-keys` is honoured by the store (see `open_store`); a
     // keyring that does not load fails start-up here, before the port is
     // bound, rather than in the store's open.
@@ -510,14 +542,7 @@ where
             labels,
         ))
     });
-    let watcher = tokio::spawn(auth.watch(TOKENS_POLL));
-    let mut tls_watchers = Vec::new();
-    if let Some(tls) = &tls {
-        tls_watchers.push(tokio::spawn(tls.clone().watch(TOKENS_POLL)));
-    }
-    if let Some(client_tenants) = client_tenants {
-        tls_watchers.push(tokio::spawn(client_tenants.watch(TOKENS_POLL)));
-    }
+    let watcher = (!reloader.is_empty()).then(|| tokio::spawn(reloader.run()));
     let drain_timeout = settings.drain_timeout;
     let task = tokio::spawn(async move {
         let mut serve_task = serve_task;
@@ -534,9 +559,8 @@ where
             }
         };
         sweeper.abort();
-        watcher.abort();
-        for tls_watcher in &tls_watchers {
-            tls_watcher.abort();
+        if let Some(watcher) = &watcher {
+            watcher.abort();
         }
         if let Some(task) = pending_gauges {
             task.abort();
@@ -557,6 +581,7 @@ where
         local_addr,
         shutdown: shutdown_tx,
         task,
+        reloads,
     })
 }
 

@@ -1,4 +1,5 @@
-//! The embedded store's on-disk codec (`idemd::store::embedded::codec`):
+//! The embedded store's on-disk codec (`idemd::store::embedded::codec`) and
+//! the stored-response encoding both stores share (`idemd::store::response`):
 //! every decoder on arbitrary bytes returns an error instead of panicking,
 //! and whatever decodes re-encodes to something that decodes to the same
 //! value. Key encodings are canonical, so for them the re-encoding must be
@@ -10,8 +11,8 @@
 
 use std::sync::OnceLock;
 
-use idemd::crypto::{self, Keyring};
-use idemd::store::RecordKey;
+use idemd::crypto::Keyring;
+use idemd::store::{RecordKey, response};
 use idemd::store::embedded::codec;
 use libfuzzer_sys::fuzz_target;
 
@@ -39,9 +40,9 @@ fuzz_target!(|data: &[u8]| {
             encoded,
             "record encoding is not stable"
         );
-        if let Some(response) = &record.response {
-            let bytes = codec::encode_response(response);
-            assert_eq!(codec::decode_response(&bytes).as_ref(), Ok(response));
+        if let Some(stored) = &record.response {
+            let bytes = response::encode(stored);
+            assert_eq!(response::decode(&bytes).as_ref(), Ok(stored));
         }
     }
 
@@ -51,10 +52,10 @@ fuzz_target!(|data: &[u8]| {
     // same fields and opens to the same response. The seed
     // `record-sealed` is authentic under `idemd_fuzz::fuzz_keyring`.
     if let Ok((record, Some(sealed))) = codec::decode_record_value(id.clone(), data)
-        && let Ok(response) = crypto::open_response(Some(keyring()), &id, &sealed)
+        && let Ok(opened_response) = response::open(Some(keyring()), &id, &sealed)
     {
         let mut opened = record.clone();
-        opened.response = Some(response.clone());
+        opened.response = Some(opened_response.clone());
         let encoded = codec::encode_record_sealed(&opened, Some(keyring()))
             .expect("an opened record reseals");
         let (again, resealed) = codec::decode_record_value(id.clone(), &encoded)
@@ -62,16 +63,16 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(again, record, "the clear fields changed when resealing");
         let resealed = resealed.expect("a resealed record stays sealed");
         assert_eq!(
-            crypto::open_response(Some(keyring()), &id, &resealed).ok(),
-            Some(response),
+            response::open(Some(keyring()), &id, &resealed).ok(),
+            Some(opened_response),
             "the resealed response does not open to the same response"
         );
     }
 
     // Stored response blobs (the CQL backend's column).
-    if let Ok(response) = codec::decode_response(data) {
-        let encoded = codec::encode_response(&response);
-        assert_eq!(codec::decode_response(&encoded), Ok(response));
+    if let Ok(decoded) = response::decode(data) {
+        let encoded = response::encode(&decoded);
+        assert_eq!(response::decode(&encoded), Ok(decoded));
     }
 
     // Keys: canonical, so the input itself comes back.

@@ -16,11 +16,17 @@
 //! distinguishes "nothing was applied" from "the outcome is unknown".
 //!
 //! Backends: [`embedded`] (one durable file, single node) and [`cql`]
-//! (ScyllaDB / Cassandra lightweight transactions, many replicas).
+//! (ScyllaDB / Cassandra lightweight transactions, many replicas); and
+//! [`memory`], nothing durable, for the engine's unit tests and benchmarks.
+//! What backends share sits here, above them: [`response`] (a stored
+//! response's bytes, sealed or not) and [`instrumented`] (metrics and spans
+//! around any backend).
 
 pub mod cql;
 pub mod embedded;
 pub mod instrumented;
+pub mod memory;
+pub mod response;
 
 use async_trait::async_trait;
 

@@ -1,7 +1,7 @@
 //! Test certificates: a certificate authority generated with rcgen that
 //! signs server and client certificates, all PEM.
 //!
-//! Shared by `tests/tls.rs` and `examples/test_certs.rs` (the files the SDK
+//! Shared by `tests/it/tls.rs` and `examples/test_certs.rs` (the files the SDK
 //! suites use against a TLS idemd), so both speak of the same certificates.
 
 use std::net::{IpAddr, Ipv4Addr};

@@ -55,6 +55,8 @@ pub struct TestServer {
 /// endpoints above.
 pub fn test_settings(dir: &std::path::Path) -> Settings {
     let mut settings = Settings::for_data_dir(dir);
+    // Reload tests wait for the reload event (`next_reload`), not a sleep.
+    settings.reload_interval = Duration::from_millis(20);
     settings.policies.endpoints.insert(
         TAKEOVER_ENDPOINT.to_string(),
         Policy {
@@ -285,4 +287,40 @@ pub fn assert_precondition(status: &Status, reason: &str) {
     let details = status.get_error_details();
     let info = details.error_info().expect("ErrorInfo detail");
     assert_eq!(info.reason, reason, "{}", status.message());
+}
+
+/// Waits (at most 10 s) for the next reload of `source` and returns its
+/// outcome: tests change a watched file, then wait here instead of sleeping
+/// past the poll interval.
+pub async fn next_reload(
+    events: &mut tokio::sync::broadcast::Receiver<idemd::reload::ReloadEvent>,
+    source: &str,
+) -> Result<String, String> {
+    let wait = async {
+        loop {
+            match events.recv().await {
+                Ok(event) if event.source == source => return event.result,
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(error) => panic!("reload events closed: {error}"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .unwrap_or_else(|_| panic!("no reload of {source} within 10 s"))
+}
+
+/// The response every 0.1.0-format fixture holds (`tests/fixtures`, and the
+/// CQL blobs of `tests/cql/encryption_cql.rs`).
+pub fn fixture_0_1_0_response() -> idemd::store::StoredResponse {
+    idemd::store::StoredResponse {
+        status: 201,
+        headers: vec![
+            ("content-type".into(), "application/json".into()),
+            ("x-a".into(), "1".into()),
+            ("x-a".into(), "2".into()),
+        ],
+        body: b"{\"id\":\"pay_1\"}".to_vec(),
+        body_ref: String::new(),
+    }
 }

@@ -47,31 +47,36 @@
 //! Nothing correctness-critical lives in one replica's memory, so any number
 //! of idemd replicas can share a keyspace.
 
+mod connection;
 pub mod migrate;
+mod pending;
 pub mod rows;
+mod statements;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
-use scylla::client::session_builder::SessionBuilder;
 use scylla::errors::{DbError, ExecutionError, RequestAttemptError, WriteType};
-use scylla::policies::load_balancing::DefaultPolicy;
+use scylla::statement::Consistency;
 use scylla::statement::prepared::PreparedStatement;
-use scylla::statement::{Consistency, SerialConsistency};
 use scylla::value::CqlValue;
 
-use super::embedded::codec;
 use super::{
     CasOutcome, Expected, InsertOutcome, PendingPage, PendingQuery, Record, RecordKey, Store,
     StoreError, StoreResult,
 };
-use crate::crypto::{self, Keyring};
+use crate::crypto::Keyring;
+use connection::unavailable;
+pub use connection::{
+    CqlConsistency, CqlOptions, DEFAULT_KEYSPACE, DEFAULT_NODE, DEFAULT_REQUEST_TIMEOUT, connect,
+    validate_keyspace,
+};
+use pending::{EntryVerdict, classify_entry, decode_token, encode_token, index_entry};
 use rows::NamedRow;
+use statements::Statements;
 
 /// Milliseconds in a day: the width of one pending-index partition.
 const DAY_MS: i64 = 86_400_000;
@@ -91,254 +96,6 @@ const RESOLVE_ATTEMPTS: usize = 3;
 
 /// Index entries examined per ListPending page beyond the page size.
 const MAX_PENDING_SCAN_EXTRA: usize = 5_000;
-
-const RECORD_COLUMNS: &str = "state, fingerprint, attempt, lease_token, attempt_id, created_at, \
-     updated_at, lease_expires_at, completed_at, expires_at, response, reason";
-
-/// Consistency of every statement: one choice, one serial level.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum CqlConsistency {
-    /// QUORUM writes and reads, SERIAL for Paxos (one datacenter, or
-    /// linearizable across datacenters at cross-DC latency).
-    #[default]
-    Quorum,
-    /// LOCAL_QUORUM and LOCAL_SERIAL (multi-datacenter: each DC linearizable
-    /// on its own; keys must be owned by one DC's callers).
-    LocalQuorum,
-}
-
-impl CqlConsistency {
-    fn regular(self) -> Consistency {
-        match self {
-            CqlConsistency::Quorum => Consistency::Quorum,
-            CqlConsistency::LocalQuorum => Consistency::LocalQuorum,
-        }
-    }
-
-    fn serial(self) -> SerialConsistency {
-        match self {
-            CqlConsistency::Quorum => SerialConsistency::Serial,
-            CqlConsistency::LocalQuorum => SerialConsistency::LocalSerial,
-        }
-    }
-
-    /// The consistency of a read that must see in-flight Paxos rounds.
-    fn serial_read(self) -> Consistency {
-        match self {
-            CqlConsistency::Quorum => Consistency::Serial,
-            CqlConsistency::LocalQuorum => Consistency::LocalSerial,
-        }
-    }
-}
-
-/// How to reach the cluster.
-#[derive(Debug, Clone)]
-pub struct CqlOptions {
-    /// Contact points, `host:port`.
-    pub nodes: Vec<String>,
-    /// Keyspace holding the tables (created by `idemd migrate`).
-    pub keyspace: String,
-    /// Username for password authentication.
-    pub username: Option<String>,
-    /// Password for password authentication.
-    pub password: Option<String>,
-    /// PEM CA bundle: enables TLS to the cluster.
-    pub tls_ca: Option<PathBuf>,
-    /// Consistency of every statement.
-    pub consistency: CqlConsistency,
-    /// Preferred (local) datacenter for load balancing.
-    pub local_datacenter: Option<String>,
-    /// Client-side timeout of each statement.
-    pub request_timeout: Duration,
-    /// Client-side timeout of conditional (Paxos) writes, when it should
-    /// differ from `request_timeout`. When it fires, the write's outcome is
-    /// resolved by a SERIAL read.
-    pub lwt_timeout: Option<Duration>,
-    /// The longest ttl any policy allows: how far back ListPending looks.
-    pub max_ttl: Duration,
-}
-
-impl CqlOptions {
-    /// Options for a local test cluster.
-    pub fn local(keyspace: &str) -> Self {
-        Self {
-            nodes: vec!["127.0.0.1:9042".to_string()],
-            keyspace: keyspace.to_string(),
-            username: None,
-            password: None,
-            tls_ca: None,
-            consistency: CqlConsistency::Quorum,
-            local_datacenter: None,
-            request_timeout: Duration::from_secs(5),
-            lwt_timeout: None,
-            max_ttl: Duration::from_secs(7 * 24 * 3600),
-        }
-    }
-}
-
-fn unavailable(context: &str, error: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(format!("{context}: {error}"))
-}
-
-/// Keyspace names are interpolated into CQL: only plain identifiers.
-pub fn validate_keyspace(keyspace: &str) -> Result<(), String> {
-    let valid = !keyspace.is_empty()
-        && keyspace.len() <= 48
-        && keyspace.starts_with(|c: char| c.is_ascii_alphabetic())
-        && keyspace
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if valid {
-        Ok(())
-    } else {
-        Err(format!(
-            "{keyspace:?} is not a valid keyspace name (letter, then letters, digits or '_', at most 48)"
-        ))
-    }
-}
-
-fn tls_config(path: &std::path::Path) -> Result<Arc<rustls::ClientConfig>, StoreError> {
-    let pem = std::fs::read(path)
-        .map_err(|e| unavailable(&format!("cannot read CQL CA bundle {}", path.display()), e))?;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
-        let cert = cert.map_err(|e| unavailable("invalid certificate in CQL CA bundle", e))?;
-        roots
-            .add(cert)
-            .map_err(|e| unavailable("unusable certificate in CQL CA bundle", e))?;
-    }
-    if roots.is_empty() {
-        return Err(StoreError::Unavailable(format!(
-            "no certificates in CQL CA bundle {}",
-            path.display()
-        )));
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| unavailable("TLS configuration", e))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(Arc::new(config))
-}
-
-/// Connects a session with the options' consistency, timeouts, TLS and
-/// credentials.
-pub async fn connect(options: &CqlOptions) -> StoreResult<Session> {
-    let mut policy = DefaultPolicy::builder();
-    if let Some(datacenter) = &options.local_datacenter {
-        policy = policy.prefer_datacenter(datacenter.clone());
-    }
-    let profile = ExecutionProfile::builder()
-        .consistency(options.consistency.regular())
-        .serial_consistency(Some(options.consistency.serial()))
-        .request_timeout(Some(options.request_timeout))
-        .load_balancing_policy(policy.build())
-        .build();
-    let mut builder = SessionBuilder::new()
-        .known_nodes(&options.nodes)
-        .connection_timeout(Duration::from_secs(5))
-        .default_execution_profile_handle(profile.into_handle());
-    if let (Some(user), Some(password)) = (&options.username, &options.password) {
-        builder = builder.user(user.clone(), password.clone());
-    }
-    if let Some(ca) = &options.tls_ca {
-        builder = builder.tls_context(Some(tls_config(ca)?));
-    }
-    builder.build().await.map_err(|e| {
-        unavailable(
-            &format!("cannot connect to CQL nodes {}", options.nodes.join(",")),
-            e,
-        )
-    })
-}
-
-/// The prepared statements of the store.
-struct Statements {
-    select: PreparedStatement,
-    select_serial: PreparedStatement,
-    insert: PreparedStatement,
-    replace: PreparedStatement,
-    replace_expired: PreparedStatement,
-    delete: PreparedStatement,
-    index_put: PreparedStatement,
-    index_delete: PreparedStatement,
-    index_scan: PreparedStatement,
-}
-
-impl Statements {
-    async fn prepare(session: &Session, options: &CqlOptions) -> StoreResult<Self> {
-        let ks = &options.keyspace;
-        let prepare = |cql: String| async move {
-            session.prepare(cql).await.map_err(|e| {
-                StoreError::Unavailable(format!(
-                    "cannot prepare statements on keyspace {ks} (has `idemd migrate` run?): {e}"
-                ))
-            })
-        };
-        let key_filter = "WHERE tenant = ? AND endpoint = ? AND key = ?";
-        let select = prepare(format!(
-            "SELECT {RECORD_COLUMNS} FROM {ks}.records {key_filter}"
-        ))
-        .await?;
-        let mut select_serial = select.clone();
-        select_serial.set_consistency(options.consistency.serial_read());
-        select_serial.set_request_timeout(Some(options.request_timeout.max(RESOLVE_TIMEOUT)));
-        let set_all = "state = ?, fingerprint = ?, attempt = ?, lease_token = ?, attempt_id = ?, \
-             created_at = ?, updated_at = ?, lease_expires_at = ?, completed_at = ?, \
-             expires_at = ?, response = ?, reason = ?";
-        let mut statements = Self {
-            select,
-            select_serial,
-            insert: prepare(format!(
-                "INSERT INTO {ks}.records (tenant, endpoint, key, {RECORD_COLUMNS}) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS USING TTL ?"
-            ))
-            .await?,
-            replace: prepare(format!(
-                "UPDATE {ks}.records USING TTL ? SET {set_all} {key_filter} \
-                 IF state = ? AND lease_token = ? AND expires_at > ?"
-            ))
-            .await?,
-            replace_expired: prepare(format!(
-                "UPDATE {ks}.records USING TTL ? SET {set_all} {key_filter} IF expires_at <= ?"
-            ))
-            .await?,
-            delete: prepare(format!(
-                "DELETE FROM {ks}.records {key_filter} \
-                 IF state = ? AND lease_token = ? AND expires_at > ?"
-            ))
-            .await?,
-            index_put: prepare(format!(
-                "INSERT INTO {ks}.pending_index (tenant, day, due_at, endpoint, key) \
-                 VALUES (?, ?, ?, ?, ?) USING TTL ?"
-            ))
-            .await?,
-            index_delete: prepare(format!(
-                "DELETE FROM {ks}.pending_index \
-                 WHERE tenant = ? AND day = ? AND due_at = ? AND endpoint = ? AND key = ?"
-            ))
-            .await?,
-            index_scan: prepare(format!(
-                "SELECT due_at, endpoint, key FROM {ks}.pending_index \
-                 WHERE tenant = ? AND day = ? AND (due_at, endpoint, key) > (?, ?, ?) \
-                 AND (due_at) <= (?) LIMIT ?"
-            ))
-            .await?,
-        };
-        if let Some(timeout) = options.lwt_timeout {
-            for statement in [
-                &mut statements.insert,
-                &mut statements.replace,
-                &mut statements.replace_expired,
-                &mut statements.delete,
-            ] {
-                statement.set_request_timeout(Some(timeout));
-            }
-        }
-        Ok(statements)
-    }
-}
 
 /// Counters of the backend, for tests and metrics.
 #[derive(Debug, Default)]
@@ -462,7 +219,7 @@ fn key_values(id: &RecordKey) -> Values {
 fn record_values(record: &Record, keyring: Option<&Keyring>) -> StoreResult<Values> {
     let response = match &record.response {
         Some(response) => Some(CqlValue::Blob(
-            crypto::seal_response(keyring, &record.id, response)
+            super::response::seal(keyring, &record.id, response)
                 .map_err(|e| StoreError::Unavailable(e.to_string()))?,
         )),
         None => None,
@@ -951,161 +708,14 @@ impl Store for CqlStore {
     }
 }
 
-/// What an index entry says about its record.
-#[derive(Debug, PartialEq, Eq)]
-enum EntryVerdict {
-    /// The record is due and this is its entry.
-    Pending,
-    /// The entry no longer describes the record: delete it.
-    Stale,
-    /// Not due, but a write may be in flight: leave it.
-    Keep,
-}
-
-fn classify_entry(due: i64, record: Option<&Record>, now_ms: i64) -> EntryVerdict {
-    let old_enough = due < now_ms - INDEX_GRACE_MS;
-    match record {
-        Some(record) if record.state == super::RecordState::Completed => EntryVerdict::Stale,
-        Some(record) => match record.pending_since_ms() {
-            Some(since) if since == due && record.needs_decision(now_ms) => EntryVerdict::Pending,
-            // The record moved past this entry (a later due instant, written
-            // before the write that set it).
-            Some(since) if since > due => EntryVerdict::Stale,
-            _ if old_enough => EntryVerdict::Stale,
-            _ => EntryVerdict::Keep,
-        },
-        // Absent: released, expired, or a claim still in flight.
-        None if old_enough => EntryVerdict::Stale,
-        None => EntryVerdict::Keep,
-    }
-}
-
-fn index_entry(row: &NamedRow) -> StoreResult<(i64, String, String)> {
-    let bad = || StoreError::Corrupt("malformed pending index entry".to_string());
-    let due = match row.get("due_at") {
-        Some(Some(CqlValue::BigInt(due))) => *due,
-        _ => return Err(bad()),
-    };
-    let text = |name: &str| match row.get(name) {
-        Some(Some(CqlValue::Text(value))) => Ok(value.clone()),
-        _ => Err(bad()),
-    };
-    Ok((due, text("endpoint")?, text("key")?))
-}
-
-fn encode_token(day: i32, cursor: &(i64, String, String)) -> Vec<u8> {
-    let id = RecordKey {
-        tenant: String::new(),
-        endpoint: cursor.1.clone(),
-        key: cursor.2.clone(),
-    };
-    let mut out = day.to_be_bytes().to_vec();
-    out.extend_from_slice(&codec::pending_position(cursor.0, &id));
-    out
-}
-
-fn decode_token(token: &[u8]) -> Option<(i32, (i64, String, String))> {
-    let (day, rest) = token.split_first_chunk::<4>()?;
-    let (due, id) = codec::decode_pending_position("", rest).ok()?;
-    Some((i32::from_be_bytes(*day), (due, id.endpoint, id.key)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::RecordState;
-
-    fn record(state: RecordState, lease: i64, updated: i64) -> Record {
-        Record {
-            id: RecordKey {
-                tenant: "t".into(),
-                endpoint: "e".into(),
-                key: "k".into(),
-            },
-            state,
-            fingerprint: vec![],
-            attempt: 1,
-            lease_token: "tok".into(),
-            attempt_id: String::new(),
-            created_at_ms: 0,
-            updated_at_ms: updated,
-            lease_expires_at_ms: lease,
-            completed_at_ms: None,
-            expires_at_ms: i64::MAX,
-            response: None,
-            reason: String::new(),
-        }
-    }
-
-    #[test]
-    fn index_entries_are_verified_against_records() {
-        let now = 1_000_000;
-        let expired_lease = record(RecordState::InProgress, 900_000, 0);
-        assert_eq!(
-            classify_entry(900_000, Some(&expired_lease), now),
-            EntryVerdict::Pending
-        );
-        // An older lease entry after ExtendLease moved it.
-        let extended = record(RecordState::InProgress, 990_000, 0);
-        assert_eq!(
-            classify_entry(900_000, Some(&extended), now),
-            EntryVerdict::Stale
-        );
-        // An entry written for an extension whose write has not landed yet.
-        let not_yet = record(RecordState::InProgress, 800_000, 0);
-        assert_eq!(
-            classify_entry(999_000, Some(&not_yet), now),
-            EntryVerdict::Keep
-        );
-        assert_eq!(
-            classify_entry(999_000 - INDEX_GRACE_MS - 1, Some(&not_yet), now + 200_000),
-            EntryVerdict::Stale
-        );
-        let done = record(RecordState::Completed, 900_000, 950_000);
-        assert_eq!(
-            classify_entry(900_000, Some(&done), now),
-            EntryVerdict::Stale
-        );
-        let unknown = record(RecordState::Unknown, 900_000, 950_000);
-        assert_eq!(
-            classify_entry(950_000, Some(&unknown), now),
-            EntryVerdict::Pending
-        );
-        assert_eq!(
-            classify_entry(900_000, Some(&unknown), now),
-            EntryVerdict::Stale
-        );
-        // Absent record: a claim may be in flight, unless the entry is old.
-        assert_eq!(classify_entry(999_000, None, now), EntryVerdict::Keep);
-        assert_eq!(
-            classify_entry(now - INDEX_GRACE_MS - 1, None, now),
-            EntryVerdict::Stale
-        );
-    }
-
-    #[test]
-    fn page_tokens_round_trip_and_reject_garbage() {
-        let cursor = (123_456, "POST /x".to_string(), "k-1".to_string());
-        assert_eq!(
-            decode_token(&encode_token(20_000, &cursor)),
-            Some((20_000, cursor))
-        );
-        assert_eq!(decode_token(&[1, 2]), None);
-        assert_eq!(decode_token(&[0, 0, 0, 1, 9]), None);
-    }
 
     #[test]
     fn ttl_covers_the_remaining_window() {
         assert_eq!(ttl_seconds(10_000, 0), 10);
         assert_eq!(ttl_seconds(10_001, 0), 11);
         assert_eq!(ttl_seconds(5, 10), 1, "never zero (zero means no TTL)");
-    }
-
-    #[test]
-    fn keyspace_names_are_identifiers() {
-        assert!(validate_keyspace("idemd_prod").is_ok());
-        assert!(validate_keyspace("1bad").is_err());
-        assert!(validate_keyspace("bad;drop").is_err());
-        assert!(validate_keyspace("").is_err());
     }
 }

@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use scylla::response::query_result::QueryResult;
 use scylla::value::{CqlValue, Row};
 
-use crate::crypto::{self, Keyring};
-use crate::store::{Record, RecordKey, RecordState, StoreError};
+use crate::crypto::Keyring;
+use crate::store::{Record, RecordKey, RecordState, StoreError, response};
 
 /// One result row: column name → value (`None` for NULL).
 pub type NamedRow = HashMap<String, Option<CqlValue>>;
@@ -107,7 +107,7 @@ fn state_from_text(value: &str) -> Result<RecordState, StoreError> {
 /// missing row (all values NULL), or a Cassandra result that only carries
 /// `[applied]` or the condition columns. Callers that need the record then
 /// read it at SERIAL.
-/// A sealed `response` is opened with `keyring` (see [`crate::crypto`]).
+/// A sealed `response` is opened with `keyring` (see [`response::open`]).
 pub fn record_from_row(
     id: &RecordKey,
     row: &NamedRow,
@@ -130,7 +130,7 @@ pub fn record_from_row(
         return Ok(None);
     }
     let response = match blob(row, "response")? {
-        Some(bytes) => Some(crypto::open_response(keyring, id, &bytes)?),
+        Some(bytes) => Some(response::open(keyring, id, &bytes)?),
         None => None,
     };
     Ok(Some(Record {
@@ -240,7 +240,7 @@ mod tests {
             record
                 .response
                 .as_ref()
-                .map(|r| CqlValue::Blob(crate::store::embedded::codec::encode_response(r))),
+                .map(|r| CqlValue::Blob(response::encode(r))),
         );
         row.insert("reason".into(), Some(CqlValue::Text(record.reason.clone())));
         row

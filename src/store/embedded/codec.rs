@@ -8,11 +8,14 @@
 //! flipped, big-endian, so that they sort numerically.
 //!
 //! Values are protobuf messages (prost derive): fields can be added without a
-//! migration, and a decoder never panics on bad bytes.
+//! migration, and a decoder never panics on bad bytes. The response inside
+//! a record is the backend-neutral encoding of [`crate::store::response`]
+//! (field 12, wire-identical to the embedded message it was before that
+//! module existed, so files written by 0.1.0 open unchanged).
 //!
-//! With encryption at rest on, a record's response is not field 12 (a
-//! message) but field 14: the encoded response sealed by
-//! [`crate::crypto::seal_response`]. Every other field stays in clear (the
+//! With encryption at rest on, a record's response is not field 12 but
+//! field 14: the encoded response sealed by
+//! [`crate::store::response::seal`]. Every other field stays in clear (the
 //! store needs them for conditions, expiry and the pending index). A value
 //! has at most one of the two, so values written before encryption was
 //! turned on are read as they are. Sealing happens here, before the bytes
@@ -20,7 +23,7 @@
 //! plaintext response once encryption is on.
 
 use crate::crypto::{self, CryptoError, Keyring};
-use crate::store::{Record, RecordKey, RecordState, StoredResponse};
+use crate::store::{Record, RecordKey, RecordState, response};
 
 /// Encoding version written into every record value.
 const RECORD_FORMAT_VERSION: u32 = 1;
@@ -54,33 +57,14 @@ struct RecordValue {
     completed_at_ms: Option<i64>,
     #[prost(int64, tag = "11")]
     expires_at_ms: i64,
-    #[prost(message, optional, tag = "12")]
-    response: Option<ResponseValue>,
+    /// The response in clear, [`response::encode`]d.
+    #[prost(bytes = "vec", optional, tag = "12")]
+    response: Option<Vec<u8>>,
     #[prost(string, tag = "13")]
     reason: String,
-    /// The response, sealed (see [`crate::crypto`]); replaces field 12.
+    /// The response, [`response::seal`]ed; replaces field 12.
     #[prost(bytes = "vec", optional, tag = "14")]
     sealed_response: Option<Vec<u8>>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct ResponseValue {
-    #[prost(uint32, tag = "1")]
-    status: u32,
-    #[prost(message, repeated, tag = "2")]
-    headers: Vec<HeaderValue>,
-    #[prost(bytes = "vec", tag = "3")]
-    body: Vec<u8>,
-    #[prost(string, tag = "4")]
-    body_ref: String,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct HeaderValue {
-    #[prost(string, tag = "1")]
-    name: String,
-    #[prost(string, tag = "2")]
-    value: String,
 }
 
 fn state_code(state: RecordState) -> i32 {
@@ -106,7 +90,7 @@ fn state_from_code(code: i32) -> Result<RecordState, CodecError> {
 pub fn encode_record(record: &Record) -> Vec<u8> {
     use prost::Message as _;
     RecordValue {
-        response: record.response.as_ref().map(response_value),
+        response: record.response.as_ref().map(response::encode),
         ..record_value(record)
     }
     .encode_to_vec()
@@ -123,7 +107,7 @@ pub fn encode_record_sealed(
         return Ok(encode_record(record));
     };
     let sealed_response = match &record.response {
-        Some(response) => Some(crypto::seal_response(Some(keyring), &record.id, response)?),
+        Some(stored) => Some(response::seal(Some(keyring), &record.id, stored)?),
         None => None,
     };
     Ok(RecordValue {
@@ -153,49 +137,6 @@ fn record_value(record: &Record) -> RecordValue {
     }
 }
 
-fn response_value(response: &StoredResponse) -> ResponseValue {
-    ResponseValue {
-        status: response.status,
-        headers: response
-            .headers
-            .iter()
-            .map(|(name, value)| HeaderValue {
-                name: name.clone(),
-                value: value.clone(),
-            })
-            .collect(),
-        body: response.body.clone(),
-        body_ref: response.body_ref.clone(),
-    }
-}
-
-fn stored_response(response: ResponseValue) -> StoredResponse {
-    StoredResponse {
-        status: response.status,
-        headers: response
-            .headers
-            .into_iter()
-            .map(|header| (header.name, header.value))
-            .collect(),
-        body: response.body,
-        body_ref: response.body_ref,
-    }
-}
-
-/// Encodes a stored response alone (the CQL backend keeps it in one blob).
-pub fn encode_response(response: &StoredResponse) -> Vec<u8> {
-    use prost::Message as _;
-    response_value(response).encode_to_vec()
-}
-
-/// Inverse of [`encode_response`].
-pub fn decode_response(bytes: &[u8]) -> Result<StoredResponse, CodecError> {
-    use prost::Message as _;
-    ResponseValue::decode(bytes)
-        .map(stored_response)
-        .map_err(|e| CodecError(e.to_string()))
-}
-
 /// Decodes a record value stored under `id` whose response is in clear; a
 /// sealed response is an error (use [`decode_record_value`]).
 pub fn decode_record(id: RecordKey, bytes: &[u8]) -> Result<Record, CodecError> {
@@ -210,7 +151,7 @@ pub fn decode_record(id: RecordKey, bytes: &[u8]) -> Result<Record, CodecError> 
 
 /// Decodes a record value stored under `id`, leaving a sealed response
 /// sealed: the record comes back with `response: None` and the sealed bytes
-/// beside it, for [`crate::crypto::open_response`]. Lets the embedded
+/// beside it, for [`response::open`]. Lets the embedded
 /// store's writer check conditions without decrypting (and without failing
 /// a whole batch on a value it cannot decrypt).
 pub fn decode_record_value(
@@ -232,6 +173,12 @@ pub fn decode_record_value(
         }
     }
     let sealed = value.sealed_response;
+    let clear_response = value
+        .response
+        .as_deref()
+        .map(response::decode)
+        .transpose()
+        .map_err(|e| CodecError(format!("stored response: {e}")))?;
     if value.format_version != RECORD_FORMAT_VERSION {
         return Err(CodecError(format!(
             "unsupported record format version {}",
@@ -250,7 +197,7 @@ pub fn decode_record_value(
         lease_expires_at_ms: value.lease_expires_at_ms,
         completed_at_ms: value.completed_at_ms,
         expires_at_ms: value.expires_at_ms,
-        response: value.response.map(stored_response),
+        response: clear_response,
         reason: value.reason,
     };
     Ok((record, sealed))
@@ -376,6 +323,7 @@ pub fn decode_pending_position(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::StoredResponse;
 
     fn sample() -> Record {
         Record {
@@ -439,8 +387,7 @@ mod tests {
         let (mut decoded, sealed) = decode_record_value(record.id.clone(), &bytes).expect("decode");
         let sealed = sealed.expect("sealed response");
         assert_eq!(crypto::sealed_key_id(&sealed), Ok("k1"));
-        decoded.response =
-            Some(crypto::open_response(Some(&keyring), &record.id, &sealed).expect("open"));
+        decoded.response = Some(response::open(Some(&keyring), &record.id, &sealed).expect("open"));
         assert_eq!(decoded, record);
         // Without the keyring: an error naming the key id.
         let error = decode_record(record.id.clone(), &bytes).expect_err("sealed");

@@ -39,6 +39,13 @@
 //! log nor the in-memory state can be trusted to match the disk, and the
 //! restart's replay is the one consistent way back.
 //!
+//! # Layout
+//!
+//! This file is the store's face (open, the [`Store`] methods, the read
+//! side); [`writer`] is the writer thread and its batches, [`tables`] the
+//! tables and the four writes on them, [`recovery`] the replay on open,
+//! [`wal`] the log's format, [`codec`] the bytes of keys and values.
+//!
 //! # Tables
 //!
 //! * `records`: record key → record (see [`codec`]).
@@ -58,31 +65,30 @@
 //! sealed response out of the writer thread and are opened by the caller.
 
 pub mod codec;
+mod recovery;
+mod tables;
 pub mod wal;
+mod writer;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
-use tokio::sync::{mpsc, oneshot};
+use redb::{Database, ReadableDatabase, ReadableTable};
+use tokio::sync::mpsc;
 
 use super::{
     CasOutcome, Expected, InsertOutcome, PendingPage, PendingQuery, Record, RecordKey, Store,
-    StoreError, StoreResult,
+    StoreError, StoreResult, response,
 };
-use crate::crypto::{self, Keyring};
-
-const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
-const EXPIRY: TableDefinition<&[u8], ()> = TableDefinition::new("expiry");
-const PENDING: TableDefinition<&[u8], ()> = TableDefinition::new("pending");
-/// Store metadata: [`META_WAL_SEQ`] is the sequence number of the last log
-/// frame whose changes the tables hold (see [`wal`]).
-const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
-const META_WAL_SEQ: &str = "wal_seq";
+use crate::crypto::Keyring;
+use tables::Operation;
+use tables::{CasReply, EXPIRY, InsertReply, Loaded, META, PENDING, RECORDS, read_loaded};
+pub use writer::WriterStats;
+use writer::{WriteOp, Writer};
 
 /// Most operations applied in one write transaction: bounds the latency a
 /// batch adds to its first operation.
@@ -111,6 +117,12 @@ const MAX_PENDING_SCAN_EXTRA: usize = 10_000;
 /// File name of the database inside the data directory.
 pub const DATABASE_FILE: &str = "idemd.redb";
 
+/// Default page cache of the embedded store (redb's cache). Fresh keys are
+/// written at random places in the B-trees, so a bigger cache mostly holds
+/// pages that will not be touched again soon; the OS page cache, which is not
+/// charged to idemd's resident memory, backs it.
+pub const DEFAULT_CACHE_BYTES: usize = 16 * 1024 * 1024;
+
 /// Tunables of the embedded store.
 #[derive(Debug, Clone)]
 pub struct EmbeddedOptions {
@@ -128,179 +140,10 @@ impl EmbeddedOptions {
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {
             data_dir: data_dir.into(),
-            cache_bytes: crate::config::DEFAULT_STORE_CACHE_BYTES,
+            cache_bytes: DEFAULT_CACHE_BYTES,
             keyring: None,
         }
     }
-}
-
-enum WriteOp {
-    Insert {
-        record: Record,
-        now_ms: i64,
-        reply: oneshot::Sender<StoreResult<InsertReply>>,
-    },
-    Replace {
-        record: Record,
-        expected: Expected,
-        now_ms: i64,
-        reply: oneshot::Sender<StoreResult<CasReply>>,
-    },
-    Delete {
-        id: RecordKey,
-        expected: Expected,
-        now_ms: i64,
-        reply: oneshot::Sender<StoreResult<CasReply>>,
-    },
-    Sweep {
-        now_ms: i64,
-        max_records: usize,
-        reply: oneshot::Sender<StoreResult<usize>>,
-    },
-}
-
-/// Where the result of one operation goes, once the batch is committed.
-enum ReplySlot {
-    Insert(oneshot::Sender<StoreResult<InsertReply>>),
-    Cas(oneshot::Sender<StoreResult<CasReply>>),
-    Sweep(oneshot::Sender<StoreResult<usize>>),
-}
-
-/// The result of one operation, computed inside the transaction.
-enum Applied {
-    Insert(InsertReply),
-    Cas(CasReply),
-    Sweep(usize),
-}
-
-/// A record as the writer read it: a sealed response stays sealed until
-/// the caller opens it, off the writer thread (see the module docs).
-struct Loaded {
-    /// The record, with `response: None` when the response is sealed.
-    record: Record,
-    /// The sealed response, for [`crypto::open_response`].
-    sealed_response: Option<Vec<u8>>,
-}
-
-/// [`InsertOutcome`] with the existing record still sealed.
-#[allow(clippy::large_enum_variant)] // moved once, like InsertOutcome
-enum InsertReply {
-    Inserted,
-    Exists(Loaded),
-}
-
-/// [`CasOutcome`] with the current record still sealed.
-#[allow(clippy::large_enum_variant)] // moved once, like CasOutcome
-enum CasReply {
-    Applied,
-    Conflict(Option<Loaded>),
-}
-
-/// The part of an operation that the transaction needs.
-enum OpBody {
-    Insert {
-        record: Record,
-        now_ms: i64,
-    },
-    Replace {
-        record: Record,
-        expected: Expected,
-        now_ms: i64,
-    },
-    Delete {
-        id: RecordKey,
-        expected: Expected,
-        now_ms: i64,
-    },
-    Sweep {
-        now_ms: i64,
-        max_records: usize,
-    },
-}
-
-impl WriteOp {
-    fn split(self) -> (ReplySlot, OpBody) {
-        match self {
-            WriteOp::Insert {
-                record,
-                now_ms,
-                reply,
-            } => (ReplySlot::Insert(reply), OpBody::Insert { record, now_ms }),
-            WriteOp::Replace {
-                record,
-                expected,
-                now_ms,
-                reply,
-            } => (
-                ReplySlot::Cas(reply),
-                OpBody::Replace {
-                    record,
-                    expected,
-                    now_ms,
-                },
-            ),
-            WriteOp::Delete {
-                id,
-                expected,
-                now_ms,
-                reply,
-            } => (
-                ReplySlot::Cas(reply),
-                OpBody::Delete {
-                    id,
-                    expected,
-                    now_ms,
-                },
-            ),
-            WriteOp::Sweep {
-                now_ms,
-                max_records,
-                reply,
-            } => (
-                ReplySlot::Sweep(reply),
-                OpBody::Sweep {
-                    now_ms,
-                    max_records,
-                },
-            ),
-        }
-    }
-}
-
-impl ReplySlot {
-    // A dropped receiver means the caller went away (e.g. its RPC was
-    // cancelled); the write is committed regardless, which is what the
-    // caller's retry will find. Hence the ignored send results.
-    fn send(self, applied: Applied) {
-        match (self, applied) {
-            (ReplySlot::Insert(reply), Applied::Insert(outcome)) => drop(reply.send(Ok(outcome))),
-            (ReplySlot::Cas(reply), Applied::Cas(outcome)) => drop(reply.send(Ok(outcome))),
-            (ReplySlot::Sweep(reply), Applied::Sweep(count)) => drop(reply.send(Ok(count))),
-            (slot, _) => slot.send_err(StoreError::Unavailable(
-                "internal error: mismatched store reply".to_string(),
-            )),
-        }
-    }
-
-    fn send_err(self, error: StoreError) {
-        match self {
-            ReplySlot::Insert(reply) => drop(reply.send(Err(error))),
-            ReplySlot::Cas(reply) => drop(reply.send(Err(error))),
-            ReplySlot::Sweep(reply) => drop(reply.send(Err(error))),
-        }
-    }
-}
-
-/// Counters of the writer, for tests and metrics.
-#[derive(Debug, Default)]
-pub struct WriterStats {
-    /// Batches made durable (one log append and fsync each).
-    pub commits: AtomicU64,
-    /// Operations answered from committed batches (including batches that
-    /// changed nothing and so needed no fsync).
-    pub operations: AtomicU64,
-    /// Checkpoints (durable redb commits).
-    pub checkpoints: AtomicU64,
 }
 
 /// The embedded backend. Cheap to share behind an `Arc`.
@@ -370,11 +213,11 @@ impl EmbeddedStore {
         // Opened only now that redb holds the file lock: one owner for both.
         let mut wal = wal::Wal::open(&options.data_dir)
             .map_err(|e| storage_error("cannot open the write-ahead log", e))?;
-        let seq = recover(&database, &wal)?;
+        let seq = recovery::recover(&database, &wal)?;
         // Everything replayed is durable in redb now: the log starts over.
         wal.reset();
 
-        let (sender, receiver) = mpsc::channel(QUEUE_DEPTH);
+        let (sender, receiver) = mpsc::channel::<WriteOp>(QUEUE_DEPTH);
         let stats = Arc::new(WriterStats::default());
         let writer = Writer {
             database: Arc::clone(&database),
@@ -420,13 +263,12 @@ impl EmbeddedStore {
             .ok_or(StoreError::Closed)
     }
 
-    async fn submit<T>(
-        &self,
-        make: impl FnOnce(oneshot::Sender<StoreResult<T>>) -> WriteOp,
-    ) -> StoreResult<T> {
-        let (reply, response) = oneshot::channel();
+    /// Hands `op` to the writer and waits for its answer (after the batch
+    /// it joined is durable).
+    async fn submit<O: Operation>(&self, op: O) -> StoreResult<O::Output> {
+        let (queued, response) = writer::queue(op);
         self.sender()?
-            .send(make(reply))
+            .send(queued)
             .await
             .map_err(|_| StoreError::Closed)?;
         // The writer replies to every operation it accepted; a dropped reply
@@ -479,483 +321,13 @@ impl EmbeddedStore {
             sealed_response,
         } = loaded;
         if let Some(sealed) = sealed_response {
-            record.response = Some(crypto::open_response(
+            record.response = Some(response::open(
                 self.keyring.as_deref(),
                 &record.id,
                 &sealed,
             )?);
         }
         Ok(record)
-    }
-}
-
-/// The live record for `id`, its response still sealed if it is.
-fn read_loaded(
-    records: &impl ReadableTable<&'static [u8], &'static [u8]>,
-    id: &RecordKey,
-    now_ms: i64,
-) -> StoreResult<Option<Loaded>> {
-    let key = codec::record_key(id);
-    let Some(value) = records
-        .get(key.as_slice())
-        .map_err(|e| storage_error("read", e))?
-    else {
-        return Ok(None);
-    };
-    let (record, sealed_response) = codec::decode_record_value(id.clone(), value.value())
-        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    Ok(record.is_live(now_ms).then_some(Loaded {
-        record,
-        sealed_response,
-    }))
-}
-
-/// Replays the log frames newer than the durable redb state (see [`wal`])
-/// and commits the result durably; returns the last frame's sequence.
-fn recover(database: &Database, wal: &wal::Wal) -> StoreResult<u64> {
-    let txn = database
-        .begin_write()
-        .map_err(|e| storage_error("begin write", e))?;
-    let last = {
-        let mut meta = txn.open_table(META).map_err(|e| storage_error("open", e))?;
-        let durable = meta
-            .get(META_WAL_SEQ)
-            .map_err(|e| storage_error("read", e))?
-            .map_or(0, |seq| seq.value());
-        let mut records = txn
-            .open_table(RECORDS)
-            .map_err(|e| storage_error("open", e))?;
-        let mut expiry = txn
-            .open_table(EXPIRY)
-            .map_err(|e| storage_error("open", e))?;
-        let mut pending = txn
-            .open_table(PENDING)
-            .map_err(|e| storage_error("open", e))?;
-        let last = wal
-            .replay(durable, |_, payload| {
-                let changes = wal::decode_changes(payload).map_err(StoreError::Corrupt)?;
-                for change in changes {
-                    let result = match (change.table, change.value) {
-                        (wal::LogTable::Records, Some(value)) => {
-                            records.insert(change.key, value).map(drop)
-                        }
-                        (wal::LogTable::Records, None) => records.remove(change.key).map(drop),
-                        (wal::LogTable::Expiry, Some(_)) => expiry.insert(change.key, ()).map(drop),
-                        (wal::LogTable::Expiry, None) => expiry.remove(change.key).map(drop),
-                        (wal::LogTable::Pending, Some(_)) => {
-                            pending.insert(change.key, ()).map(drop)
-                        }
-                        (wal::LogTable::Pending, None) => pending.remove(change.key).map(drop),
-                    };
-                    result.map_err(|e| storage_error("replay", e))?;
-                }
-                Ok::<(), StoreError>(())
-            })
-            .map_err(|e| storage_error("cannot read the write-ahead log", e))??;
-        if last != durable {
-            meta.insert(META_WAL_SEQ, last)
-                .map_err(|e| storage_error("write", e))?;
-        }
-        last
-    };
-    // Durability::Immediate (the default): the log is reused from its start
-    // after this, so the replayed state must be on disk first.
-    txn.commit().map_err(|e| storage_error("commit", e))?;
-    Ok(last)
-}
-
-/// The writer thread's state: the only place that writes redb and the log.
-struct Writer {
-    database: Arc<Database>,
-    wal: wal::Wal,
-    /// Reused between batches (no allocation per batch on the hot path).
-    frame: wal::FrameBuilder,
-    /// Sequence number of the last frame whose changes redb holds.
-    seq: u64,
-    last_checkpoint: Instant,
-    /// Set after a storage error in the write path; see the module docs.
-    poisoned: Option<String>,
-    stats: Arc<WriterStats>,
-    /// Seals responses as records are encoded.
-    keyring: Option<Arc<Keyring>>,
-}
-
-impl Writer {
-    fn run(mut self, mut receiver: mpsc::Receiver<WriteOp>) {
-        let mut batch = Vec::with_capacity(MAX_BATCH);
-        while let Some(first) = receiver.blocking_recv() {
-            batch.push(first);
-            while batch.len() < MAX_BATCH {
-                match receiver.try_recv() {
-                    Ok(op) => batch.push(op),
-                    Err(_) => break,
-                }
-            }
-            self.apply_batch(&mut batch);
-            if self.poisoned.is_none()
-                && (self.wal.pending_bytes() >= CHECKPOINT_BYTES
-                    || (self.wal.pending_bytes() > 0
-                        && self.last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL))
-            {
-                self.checkpoint();
-            }
-        }
-        // Closing: leave a durable redb file and an empty log behind, so
-        // that the next open has nothing to replay.
-        if self.poisoned.is_none() && self.wal.pending_bytes() > 0 {
-            self.checkpoint();
-        }
-    }
-
-    fn poison(&mut self, reason: String) {
-        tracing::error!(
-            error = %reason,
-            "embedded store: write path failed; refusing writes until restart (acknowledged writes are safe in the write-ahead log)"
-        );
-        self.poisoned = Some(reason);
-    }
-
-    /// Makes the redb file durable up to the last batch, then restarts the
-    /// log. Runs after the batch's replies, so it delays only later batches.
-    fn checkpoint(&mut self) {
-        let result = self
-            .database
-            .begin_write()
-            .map_err(|e| e.to_string())
-            .and_then(|txn| {
-                // An empty transaction with Durability::Immediate (the
-                // default) flushes every earlier non-durable commit.
-                txn.commit().map_err(|e| e.to_string())
-            });
-        match result {
-            Ok(()) => {
-                self.wal.reset();
-                self.last_checkpoint = Instant::now();
-                self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(error) => self.poison(format!("checkpoint failed: {error}")),
-        }
-    }
-
-    /// Applies a batch, makes it durable and replies to every operation.
-    fn apply_batch(&mut self, batch: &mut Vec<WriteOp>) {
-        if let Some(reason) = &self.poisoned {
-            let error = StoreError::Unavailable(format!(
-                "the embedded store stopped accepting writes after a storage error ({reason}); restart idemd"
-            ));
-            for op in batch.drain(..) {
-                op.split().0.send_err(error.clone());
-            }
-            return;
-        }
-        let size = batch.len() as u64;
-        let mut done: Vec<(ReplySlot, Applied)> = Vec::with_capacity(batch.len());
-        let mut failed: Vec<ReplySlot> = Vec::new();
-        let mut ops = batch.drain(..);
-        let seq = self.seq + 1;
-        self.frame.begin(seq);
-        let applied = apply_ops(
-            &self.database,
-            self.keyring.as_deref(),
-            &mut self.frame,
-            seq,
-            &mut ops,
-            &mut done,
-            &mut failed,
-        );
-        let outcome = match applied {
-            Err(error) => Err(error),
-            // Nothing changed (every condition failed): the answers rest on
-            // state that is already durable, so no fsync is needed.
-            Ok(txn) if self.frame.is_empty() => {
-                drop(txn);
-                Ok(false)
-            }
-            Ok(txn) => self.make_durable(txn).map(|()| true),
-        };
-        match outcome {
-            Ok(committed) => {
-                if committed {
-                    self.seq = seq;
-                    self.stats.commits.fetch_add(1, Ordering::Relaxed);
-                }
-                self.stats.operations.fetch_add(size, Ordering::Relaxed);
-                for (slot, applied) in done {
-                    slot.send(applied);
-                }
-            }
-            Err(error) => {
-                // The transaction was dropped (aborted), or its durability is
-                // unknown: every operation of the batch shares that fate.
-                failed.extend(ops.map(|op| op.split().0));
-                for slot in done.into_iter().map(|(slot, _)| slot).chain(failed) {
-                    slot.send_err(error.clone());
-                }
-            }
-        }
-    }
-
-    /// Logs and syncs the batch's frame, then commits the transaction
-    /// (without fsync: the log holds it) so that readers see it.
-    fn make_durable(&mut self, txn: redb::WriteTransaction) -> StoreResult<()> {
-        let appended = self.frame.finish().and_then(|frame| self.wal.append(frame));
-        if let Err(error) = appended {
-            // The frame may have reached the disk partially or wholly.
-            drop(txn);
-            return Err(self.uncertain(format!("write-ahead log append failed: {error}")));
-        }
-        if let Err(error) = txn.commit() {
-            // The log has a frame that redb does not: later batches would
-            // diverge from what a replay rebuilds.
-            return Err(self.uncertain(format!("commit failed: {error}")));
-        }
-        Ok(())
-    }
-
-    fn uncertain(&mut self, reason: String) -> StoreError {
-        metrics::counter!(crate::metrics::STORE_UNCERTAIN, "backend" => "embedded").increment(1);
-        self.poison(reason.clone());
-        StoreError::Uncertain(reason)
-    }
-}
-
-/// Applies operations in one non-durable write transaction, logging every
-/// change into `frame`; returns the open transaction for the caller to make
-/// durable. On error the transaction is dropped (nothing applied), and the
-/// failed operation's reply goes to `failed` for the caller to answer with
-/// the rest of the batch.
-fn apply_ops(
-    database: &Database,
-    keyring: Option<&Keyring>,
-    frame: &mut wal::FrameBuilder,
-    seq: u64,
-    ops: &mut std::vec::Drain<'_, WriteOp>,
-    done: &mut Vec<(ReplySlot, Applied)>,
-    failed: &mut Vec<ReplySlot>,
-) -> StoreResult<redb::WriteTransaction> {
-    let mut txn = database
-        .begin_write()
-        .map_err(|e| storage_error("begin write", e))?;
-    // Durability comes from the write-ahead log, synced before this
-    // transaction commits; see the module docs.
-    txn.set_durability(Durability::None)
-        .map_err(|e| storage_error("begin write", e))?;
-    {
-        let mut records = txn
-            .open_table(RECORDS)
-            .map_err(|e| storage_error("open", e))?;
-        let mut expiry = txn
-            .open_table(EXPIRY)
-            .map_err(|e| storage_error("open", e))?;
-        let mut pending = txn
-            .open_table(PENDING)
-            .map_err(|e| storage_error("open", e))?;
-        let mut tables = Tables {
-            records: &mut records,
-            expiry: &mut expiry,
-            pending: &mut pending,
-            frame,
-            keyring,
-        };
-        for op in ops.by_ref() {
-            let (slot, body) = op.split();
-            match tables.apply(body) {
-                Ok(applied) => done.push((slot, applied)),
-                Err(error) => {
-                    failed.push(slot);
-                    return Err(error);
-                }
-            }
-        }
-    }
-    {
-        let mut meta = txn.open_table(META).map_err(|e| storage_error("open", e))?;
-        meta.insert(META_WAL_SEQ, seq)
-            .map_err(|e| storage_error("write", e))?;
-    }
-    Ok(txn)
-}
-
-/// The three tables of one write transaction, kept consistent together, and
-/// the log frame that records every change made to them.
-struct Tables<'a, 'txn> {
-    records: &'a mut redb::Table<'txn, &'static [u8], &'static [u8]>,
-    expiry: &'a mut redb::Table<'txn, &'static [u8], ()>,
-    pending: &'a mut redb::Table<'txn, &'static [u8], ()>,
-    frame: &'a mut wal::FrameBuilder,
-    keyring: Option<&'a Keyring>,
-}
-impl Tables<'_, '_> {
-    /// Applies one operation. An error aborts the whole batch (nothing of
-    /// it is committed).
-    fn apply(&mut self, body: OpBody) -> StoreResult<Applied> {
-        Ok(match body {
-            OpBody::Insert { record, now_ms } => {
-                Applied::Insert(match self.read_any(&record.id)? {
-                    Some(existing) if existing.record.is_live(now_ms) => {
-                        InsertReply::Exists(existing)
-                    }
-                    stale => {
-                        if let Some(stale) = stale {
-                            self.remove(&stale.record)?;
-                        }
-                        self.put(&record)?;
-                        InsertReply::Inserted
-                    }
-                })
-            }
-            OpBody::Replace {
-                record,
-                expected,
-                now_ms,
-            } => Applied::Cas(match self.read_live_at(&record.id, now_ms)? {
-                Some(current) if expected.is_met_by(&current.record) => {
-                    self.remove(&current.record)?;
-                    self.put(&record)?;
-                    CasReply::Applied
-                }
-                current => CasReply::Conflict(current),
-            }),
-            OpBody::Delete {
-                id,
-                expected,
-                now_ms,
-            } => Applied::Cas(match self.read_live_at(&id, now_ms)? {
-                Some(current) if expected.is_met_by(&current.record) => {
-                    self.remove(&current.record)?;
-                    CasReply::Applied
-                }
-                current => CasReply::Conflict(current),
-            }),
-            OpBody::Sweep {
-                now_ms,
-                max_records,
-            } => Applied::Sweep(self.sweep(now_ms, max_records)?),
-        })
-    }
-
-    fn read_live_at(&self, id: &RecordKey, now_ms: i64) -> StoreResult<Option<Loaded>> {
-        read_loaded(&*self.records, id, now_ms)
-    }
-
-    /// The stored record, live or expired.
-    fn read_any(&self, id: &RecordKey) -> StoreResult<Option<Loaded>> {
-        read_loaded(&*self.records, id, i64::MIN)
-    }
-
-    /// Writes a record and its index entries.
-    fn put(&mut self, record: &Record) -> StoreResult<()> {
-        let key = codec::record_key(&record.id);
-        // Sealed before the bytes reach the table or the log frame.
-        let value = codec::encode_record_sealed(record, self.keyring)
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        self.records
-            .insert(key.as_slice(), value.as_slice())
-            .map_err(|e| storage_error("write", e))?;
-        self.frame.put(wal::LogTable::Records, &key, &value);
-        self.insert_index(
-            wal::LogTable::Expiry,
-            &codec::expiry_key(record.expires_at_ms, &record.id),
-        )?;
-        if let Some(since) = record.pending_since_ms() {
-            self.insert_index(
-                wal::LogTable::Pending,
-                &codec::pending_key(since, &record.id),
-            )?;
-        }
-        Ok(())
-    }
-
-    /// Removes a record (as currently stored) and its index entries.
-    fn remove(&mut self, record: &Record) -> StoreResult<()> {
-        let key = codec::record_key(&record.id);
-        self.records
-            .remove(key.as_slice())
-            .map_err(|e| storage_error("write", e))?;
-        self.frame.remove(wal::LogTable::Records, &key);
-        self.remove_index(
-            wal::LogTable::Expiry,
-            &codec::expiry_key(record.expires_at_ms, &record.id),
-        )?;
-        if let Some(since) = record.pending_since_ms() {
-            self.remove_index(
-                wal::LogTable::Pending,
-                &codec::pending_key(since, &record.id),
-            )?;
-        }
-        Ok(())
-    }
-
-    /// Inserts an index entry, and logs it.
-    fn insert_index(&mut self, table: wal::LogTable, key: &[u8]) -> StoreResult<()> {
-        let index = match table {
-            wal::LogTable::Expiry => &mut *self.expiry,
-            wal::LogTable::Pending => &mut *self.pending,
-            wal::LogTable::Records => {
-                return Err(StoreError::Unavailable(
-                    "internal error: records is not an index".to_string(),
-                ));
-            }
-        };
-        index
-            .insert(key, ())
-            .map_err(|e| storage_error("write", e))?;
-        self.frame.put(table, key, &[]);
-        Ok(())
-    }
-
-    /// Removes an index entry, and logs it.
-    fn remove_index(&mut self, table: wal::LogTable, key: &[u8]) -> StoreResult<()> {
-        let index = match table {
-            wal::LogTable::Expiry => &mut *self.expiry,
-            wal::LogTable::Pending => &mut *self.pending,
-            wal::LogTable::Records => {
-                return Err(StoreError::Unavailable(
-                    "internal error: records is not an index".to_string(),
-                ));
-            }
-        };
-        index.remove(key).map_err(|e| storage_error("write", e))?;
-        self.frame.remove(table, key);
-        Ok(())
-    }
-
-    /// Removes up to `max_records` records expired at `now_ms`.
-    fn sweep(&mut self, now_ms: i64, max_records: usize) -> StoreResult<usize> {
-        let upper = codec::encode_instant(now_ms);
-        let mut due: Vec<(i64, RecordKey)> = Vec::new();
-        for entry in self
-            .expiry
-            .range::<&[u8]>(..upper.as_slice())
-            .map_err(|e| storage_error("read", e))?
-            .take(max_records)
-        {
-            let (key, _) = entry.map_err(|e| storage_error("read", e))?;
-            due.push(
-                codec::decode_expiry_key(key.value())
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-            );
-        }
-        let mut removed = 0;
-        for (expires_at_ms, id) in due {
-            match self.read_any(&id)?.map(|loaded| loaded.record) {
-                // Only the record this entry was written for; a record
-                // re-created under the same key has its own entry.
-                Some(record)
-                    if record.expires_at_ms == expires_at_ms && !record.is_live(now_ms) =>
-                {
-                    self.remove(&record)?;
-                    removed += 1;
-                }
-                _ => {
-                    self.remove_index(
-                        wal::LogTable::Expiry,
-                        &codec::expiry_key(expires_at_ms, &id),
-                    )?;
-                }
-            }
-        }
-        Ok(removed)
     }
 }
 
@@ -974,13 +346,7 @@ impl Store for EmbeddedStore {
 
     async fn insert_if_absent(&self, record: &Record, now_ms: i64) -> StoreResult<InsertOutcome> {
         let record = record.clone();
-        let reply = self
-            .submit(|reply| WriteOp::Insert {
-                record,
-                now_ms,
-                reply,
-            })
-            .await?;
+        let reply = self.submit(tables::Insert { record, now_ms }).await?;
         Ok(match reply {
             InsertReply::Inserted => InsertOutcome::Inserted,
             InsertReply::Exists(existing) => InsertOutcome::Exists(self.unseal(existing)?),
@@ -996,11 +362,10 @@ impl Store for EmbeddedStore {
         let record = record.clone();
         let expected = expected.clone();
         let reply = self
-            .submit(|reply| WriteOp::Replace {
+            .submit(tables::Replace {
                 record,
                 expected,
                 now_ms,
-                reply,
             })
             .await?;
         self.cas_outcome(reply)
@@ -1015,11 +380,10 @@ impl Store for EmbeddedStore {
         let id = id.clone();
         let expected = expected.clone();
         let reply = self
-            .submit(|reply| WriteOp::Delete {
+            .submit(tables::Delete {
                 id,
                 expected,
                 now_ms,
-                reply,
             })
             .await?;
         self.cas_outcome(reply)
@@ -1093,10 +457,9 @@ impl Store for EmbeddedStore {
     }
 
     async fn sweep_expired(&self, now_ms: i64, max_records: usize) -> StoreResult<usize> {
-        self.submit(|reply| WriteOp::Sweep {
+        self.submit(tables::Sweep {
             now_ms,
             max_records,
-            reply,
         })
         .await
     }

@@ -2,12 +2,10 @@
 //! exclusive ownership of the data directory, configuration errors, and
 //! graceful shutdown on SIGTERM.
 
-mod common;
-
 use std::time::Duration;
 
-use common::process::{idemd_command, kill9, sigterm, spawn};
-use common::*;
+use crate::common::process::{idemd_command, kill9, sigterm, spawn};
+use crate::common::*;
 use idemd::proto::v1 as pb;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,6 +132,58 @@ fn invalid_configuration_exits_non_zero_naming_the_field() {
         "bad env var is a usage error"
     );
     assert!(String::from_utf8_lossy(&output.stderr).contains("drain-timeout"));
+}
+
+/// Files named by flags are configuration too: a tokens file, a client
+/// tenants mapping, a keyring or TLS files that cannot be used exit 2 like a
+/// bad flag (the README promises it), naming the file; so do combinations
+/// that `Settings::validate` refuses.
+#[test]
+fn unusable_files_and_bad_combinations_exit_2() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = |name: &str| dir.path().join(name).to_string_lossy().to_string();
+    std::fs::write(path("tokens"), "acme not-a-sha256-digest\n").expect("write");
+    std::fs::write(path("keys"), "k1 AQEB\n").expect("write");
+    std::fs::write(path("cert.pem"), "not a certificate").expect("write");
+    for (flags, names) in [
+        (
+            vec!["--auth-tokens", &path("tokens")][..].to_vec(),
+            path("tokens"),
+        ),
+        (vec!["--encryption-keys", &path("keys")], path("keys")),
+        (
+            vec![
+                "--tls-cert",
+                &path("cert.pem"),
+                "--tls-key",
+                &path("cert.pem"),
+            ],
+            path("cert.pem"),
+        ),
+        (
+            vec![
+                "--tls-cert",
+                &path("cert.pem"),
+                "--tls-key",
+                &path("cert.pem"),
+                "--tls-client-ca",
+                &path("cert.pem"),
+            ],
+            "tls_client_ca".to_string(),
+        ),
+        (
+            vec!["--reload-interval", "0s"],
+            "reload_interval".to_string(),
+        ),
+    ] {
+        let output = idemd_command(&dir.path().join("data"), &flags)
+            .output()
+            .expect("run");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{flags:?}: {stderr}");
+        assert!(stderr.contains("invalid configuration"), "{stderr}");
+        assert!(stderr.contains(&names), "{flags:?} names {names}: {stderr}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,11 +2,9 @@
 //! new keys (time driven by the manual clock) and the in-flight limit with
 //! load shedding. Both answer RESOURCE_EXHAUSTED with RetryInfo and a reason.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use idemd::proto::v1 as pb;
 use tonic::Code;
 use tonic_types::StatusExt;

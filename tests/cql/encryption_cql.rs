@@ -3,8 +3,6 @@
 //! blob copied into another row fails to decrypt, and blobs written before
 //! encryption was turned on stay readable.
 
-mod cql_support;
-
 use std::sync::Arc;
 
 use idemd::crypto::{self, Keyring};
@@ -69,7 +67,7 @@ async fn raw_response(session: &scylla::client::session::Session, id: &RecordKey
         .query_unpaged(
             format!(
                 "SELECT response FROM {}.records WHERE tenant = ? AND endpoint = ? AND key = ?",
-                cql_support::TEST_KEYSPACE
+                crate::cql_support::TEST_KEYSPACE
             ),
             (&id.tenant, &id.endpoint, &id.key),
         )
@@ -84,7 +82,7 @@ async fn raw_response(session: &scylla::client::session::Session, id: &RecordKey
 
 #[tokio::test]
 async fn response_blob_is_sealed_and_bound_to_its_row() {
-    let options = cql_support::migrated_options().await;
+    let options = crate::cql_support::migrated_options().await;
     let store = CqlStore::open_with_keyring(&options, Some(keyring()))
         .await
         .expect("open");
@@ -117,7 +115,7 @@ async fn response_blob_is_sealed_and_bound_to_its_row() {
         .query_unpaged(
             format!(
                 "UPDATE {}.records SET response = ? WHERE tenant = ? AND endpoint = ? AND key = ?",
-                cql_support::TEST_KEYSPACE
+                crate::cql_support::TEST_KEYSPACE
             ),
             (&blob, &other.id.tenant, &other.id.endpoint, &other.id.key),
         )
@@ -145,7 +143,7 @@ async fn response_blob_is_sealed_and_bound_to_its_row() {
 
 #[tokio::test]
 async fn blobs_written_in_clear_stay_readable_after_turning_encryption_on() {
-    let options = cql_support::migrated_options().await;
+    let options = crate::cql_support::migrated_options().await;
     let tenant = tenant();
     let record = completed(&tenant, "k-old", "MARKER-cql-plain");
     let now = now_ms();
@@ -163,5 +161,64 @@ async fn blobs_written_in_clear_stay_readable_after_turning_encryption_on() {
         store.get(&record.id, now).await.expect("get"),
         Some(record.clone())
     );
+    store.close().await.expect("close");
+}
+
+/// `response` blobs exactly as idemd 0.1.0 wrote them (captured from the
+/// 0.1.0 library, in clear and sealed under key `k-2024` = 32 bytes of
+/// `0x01`) read back through today's code: the encoding is shared with the
+/// embedded store now (`store::response`), and existing keyspaces must not
+/// notice.
+#[tokio::test]
+async fn response_blobs_written_by_0_1_0_still_read() {
+    const PLAIN_0_1_0: &str = "08c90112200a0c636f6e74656e742d7479706512106170706c69636174696f6e2f6a736f6e12080a03782d6112013112080a03782d611201321a0e7b226964223a227061795f31227d";
+    // Sealed for tenant `fixture-010`, endpoint `POST /v1/payments`, key
+    // `completed` (the associated data binds it to that row).
+    const SEALED_0_1_0: &str = "e1066b2d323032341385b44aec6e0c828e72b663c388f2b7fec04d07a8d3a1cbf0640c1e1a71eb99039442ac04600e17a52c75f001538d218439a2bd07e6969bbdadbc68e505240375d82037bc7623cc62918837facc0cf25a47d1d072c3b4630787cd66c5de5a5a0c583b542c";
+    let expected = crate::common::fixture_0_1_0_response();
+    let options = crate::cql_support::migrated_options().await;
+    let keyring = Arc::new(
+        Keyring::parse(
+            std::path::Path::new("fixture keys"),
+            "k-2024 AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=",
+        )
+        .expect("keyring"),
+    );
+    let store = CqlStore::open_with_keyring(&options, Some(keyring))
+        .await
+        .expect("open");
+    let session = idemd::store::cql::connect(&options).await.expect("connect");
+    let now = now_ms();
+    for (tenant, key, blob) in [
+        (tenant(), "completed".to_string(), PLAIN_0_1_0),
+        (
+            "fixture-010".to_string(),
+            "completed".to_string(),
+            SEALED_0_1_0,
+        ),
+    ] {
+        // The row as any idemd writes it, then its blob replaced by the
+        // 0.1.0 bytes (the fixed sealed row may exist from an earlier run).
+        let record = completed(&tenant, &key, "placeholder");
+        let _ = store.insert_if_absent(&record, now).await.expect("insert");
+        let blob = hex::decode(blob).expect("hex");
+        session
+            .query_unpaged(
+                format!(
+                    "UPDATE {}.records USING TTL 3600 SET response = ?, state = 'completed', expires_at = ? \
+                     WHERE tenant = ? AND endpoint = ? AND key = ?",
+                    crate::cql_support::TEST_KEYSPACE
+                ),
+                (&blob, now + 3_600_000, &record.id.tenant, &record.id.endpoint, &record.id.key),
+            )
+            .await
+            .expect("write the 0.1.0 blob");
+        let read = store
+            .get(&record.id, now)
+            .await
+            .expect("read")
+            .expect("present");
+        assert_eq!(read.response, Some(expected.clone()), "tenant {tenant}");
+    }
     store.close().await.expect("close");
 }

@@ -1,12 +1,10 @@
 //! Server-level behaviour: authentication and tenant scoping, token reload,
 //! health across start-up and shutdown, reflection.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use idemd::proto::v1 as pb;
 use idemd::store::Store;
 use idemd::store::embedded::{EmbeddedOptions, EmbeddedStore};
@@ -117,6 +115,12 @@ async fn tenants_come_from_tokens_and_never_from_headers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_file_changes_apply_without_restart() {
     let (server, tokens) = server_with_tokens(&token_line("acme", "old-secret")).await;
+    let mut events = server
+        .server
+        .as_ref()
+        .expect("running")
+        .reload_events()
+        .subscribe();
     let mut client = server.new_client().await;
     client
         .claim(with_token("old-secret", claim(PAYMENTS, "a", 1)))
@@ -127,19 +131,14 @@ async fn tokens_file_changes_apply_without_restart() {
         format!("# rotated\n{}", token_line("acme", "new-secret-longer")),
     )
     .expect("rotate");
-    let mut rotated = false;
-    for _ in 0..50 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        if client
-            .claim(with_token("new-secret-longer", claim(PAYMENTS, "b", 1)))
-            .await
-            .is_ok()
-        {
-            rotated = true;
-            break;
-        }
-    }
-    assert!(rotated, "new token accepted within 5 s");
+    assert_eq!(
+        next_reload(&mut events, "auth tokens").await,
+        Ok("1 tokens".to_string())
+    );
+    client
+        .claim(with_token("new-secret-longer", claim(PAYMENTS, "b", 1)))
+        .await
+        .expect("new token accepted once reloaded");
     let status = client
         .claim(with_token("old-secret", claim(PAYMENTS, "c", 1)))
         .await
@@ -151,7 +150,10 @@ async fn tokens_file_changes_apply_without_restart() {
         "this line is not valid and is long enough to change the size\n",
     )
     .expect("break");
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let refused = next_reload(&mut events, "auth tokens")
+        .await
+        .expect_err("the broken file is refused");
+    assert!(refused.contains(":1:"), "names the line: {refused}");
     client
         .claim(with_token("new-secret-longer", claim(PAYMENTS, "d", 1)))
         .await

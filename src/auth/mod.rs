@@ -20,7 +20,7 @@
 //!   a file that fails to parse keeps the previous table in force (and logs
 //!   why), so a bad edit cannot lock every caller out.
 //! * With mTLS and a client-tenants mapping (`--tls-client-tenants`, see
-//!   [`crate::tls`]), the caller is the mapping entry of its verified client
+//!   [`client_cert`]), the caller is the mapping entry of its verified client
 //!   certificate. With both a mapping and a tokens file, a call must carry
 //!   both credentials, they must name the same tenant, and it gets the lesser
 //!   role and only the endpoints both allow.
@@ -30,16 +30,22 @@
 //!   or a certificate mapping are on, `x-tenant-id` is never read.
 //!
 //! The tenant is never taken from a request field.
+//!
+//! Both files are re-read by [`crate::reload`] (on change and on SIGHUP);
+//! a file that fails to parse keeps the previous table in force.
+
+pub mod client_cert;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
 
 use sha2::{Digest, Sha256};
 use tonic::metadata::MetadataMap;
 
 use crate::engine::validate;
+use crate::reload;
+use client_cert::ClientTenants;
 
 /// Metadata key of the tenant when auth is off.
 pub const TENANT_HEADER: &str = "x-tenant-id";
@@ -292,7 +298,7 @@ pub struct Authenticator {
     /// Where the table comes from, for reloads.
     path: Option<PathBuf>,
     /// mTLS: client-certificate SAN → caller.
-    certs: Option<crate::tls::ClientTenants>,
+    certs: Option<ClientTenants>,
 }
 
 impl Authenticator {
@@ -316,7 +322,7 @@ impl Authenticator {
     }
 
     /// Also (or only) authenticates callers by their client certificate.
-    pub fn with_client_tenants(mut self, certs: crate::tls::ClientTenants) -> Self {
+    pub fn with_client_tenants(mut self, certs: ClientTenants) -> Self {
         self.certs = Some(certs);
         self
     }
@@ -410,7 +416,7 @@ impl Authenticator {
         let mut tenants: Vec<String> = self
             .certs
             .as_ref()
-            .map(crate::tls::ClientTenants::tenants)
+            .map(ClientTenants::tenants)
             .unwrap_or_default();
         if let Some(tokens) = &self.tokens {
             let table = tokens.read().unwrap_or_else(|e| e.into_inner());
@@ -421,45 +427,37 @@ impl Authenticator {
         tenants
     }
 
-    /// Re-reads the tokens file; on error the current table stays in force.
-    pub fn reload(&self) -> Result<usize, TokenFileError> {
-        let (Some(tokens), Some(path)) = (&self.tokens, &self.path) else {
-            return Ok(0);
-        };
-        let table = read_tokens(path)?;
-        let count = table.len();
-        *tokens.write().unwrap_or_else(|e| e.into_inner()) = table;
-        Ok(count)
+    /// The tokens file as a [`reload::Source`] (`None` with no tokens
+    /// file). The client-tenants mapping is its own source.
+    pub fn tokens_source(&self) -> Option<Arc<dyn reload::Source>> {
+        let tokens = self.tokens.clone()?;
+        let path = self.path.clone()?;
+        Some(Arc::new(TokensSource { tokens, path }))
+    }
+}
+
+/// The tokens file, re-read in place.
+struct TokensSource {
+    /// The table the authenticator reads.
+    tokens: Arc<RwLock<TokenTable>>,
+    /// The file.
+    path: PathBuf,
+}
+
+impl reload::Source for TokensSource {
+    fn name(&self) -> &'static str {
+        "auth tokens"
     }
 
-    /// Reloads on SIGHUP and whenever the file's modification time or size
-    /// changes (checked every `poll`). Runs until the task is dropped.
-    pub async fn watch(self, poll: Duration) {
-        let Some(path) = self.path.clone() else {
-            return;
-        };
-        let mut last_seen = file_stamp(&path);
-        crate::tls::watch_loop(poll, |signalled| {
-            let reason = if signalled {
-                "sighup"
-            } else {
-                let stamp = file_stamp(&path);
-                if stamp == last_seen {
-                    return;
-                }
-                last_seen = stamp;
-                "file changed"
-            };
-            match self.reload() {
-                Ok(count) => tracing::info!(reason, tokens = count, "auth tokens reloaded"),
-                Err(error) => tracing::error!(
-                    reason,
-                    %error,
-                    "auth tokens file invalid; keeping the previous tokens"
-                ),
-            }
-        })
-        .await;
+    fn paths(&self) -> Vec<PathBuf> {
+        vec![self.path.clone()]
+    }
+
+    fn reload(&self) -> Result<String, String> {
+        let table = read_tokens(&self.path).map_err(|e| e.to_string())?;
+        let count = table.len();
+        *self.tokens.write().unwrap_or_else(|e| e.into_inner()) = table;
+        Ok(format!("{count} tokens"))
     }
 }
 
@@ -484,11 +482,6 @@ fn read_tokens(path: &Path) -> Result<TokenTable, TokenFileError> {
         description: format!("cannot read: {e}"),
     })?;
     parse_tokens(path, &text)
-}
-
-fn file_stamp(path: &Path) -> Option<(SystemTime, u64)> {
-    let metadata = std::fs::metadata(path).ok()?;
-    Some((metadata.modified().ok()?, metadata.len()))
 }
 
 #[cfg(test)]

@@ -3,12 +3,10 @@
 //! log) in clear, replays are byte-identical, rotation works across a
 //! restart, and a missing key is a clear error naming the key id.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use idemd::crypto::Keyring;
 use idemd::proto::v1 as pb;
 use idemd::store::embedded::{EmbeddedOptions, EmbeddedStore};
@@ -52,7 +50,7 @@ async fn start(dir: tempfile::TempDir, keyring: Option<PathBuf>) -> TestServer {
 async fn store_marked(server: &TestServer, key: &str, marker: &str) -> pb::StoredResponse {
     let mut client = server.client.clone();
     let claim = client
-        .claim(as_tenant(TENANT, common::claim(PAYMENTS, key, 4200)))
+        .claim(as_tenant(TENANT, crate::common::claim(PAYMENTS, key, 4200)))
         .await
         .expect("claim")
         .into_inner();
@@ -77,7 +75,7 @@ async fn store_marked(server: &TestServer, key: &str, marker: &str) -> pb::Store
 async fn replay(server: &TestServer, key: &str) -> Result<pb::StoredResponse, tonic::Status> {
     let mut client = server.client.clone();
     let claim = client
-        .claim(as_tenant(TENANT, common::claim(PAYMENTS, key, 4200)))
+        .claim(as_tenant(TENANT, crate::common::claim(PAYMENTS, key, 4200)))
         .await?
         .into_inner();
     Ok(replayed(&claim).response.expect("replayed response"))

@@ -4,13 +4,11 @@
 //! continuation of the caller's W3C `traceparent`, child spans per store
 //! operation, the attributes, and that no raw key leaves the process.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::process::{idemd_command, sigterm, spawn_command};
-use common::*;
+use crate::common::process::{idemd_command, sigterm, spawn_command};
+use crate::common::*;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };

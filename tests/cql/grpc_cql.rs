@@ -1,16 +1,12 @@
 //! The gRPC contract suite against a real server on the CQL backend.
 
-mod common;
-mod cql_support;
-mod grpc_suite;
-
-use common::{StoreFactory, TestServer, test_settings};
+use crate::common::{StoreFactory, TestServer, test_settings};
 use idemd::store::Store;
 use idemd::store::cql::CqlStore;
 use std::sync::Arc;
 
 async fn start() -> TestServer {
-    let options = cql_support::migrated_options().await;
+    let options = crate::cql_support::migrated_options().await;
     let dir = tempfile::tempdir().expect("temp dir");
     let mut settings = test_settings(dir.path());
     // The audit log follows the store setting (the records come from the

@@ -1,15 +1,13 @@
 //! TLS and mTLS of the gRPC port, end to end: certificates generated here
 //! with rcgen, a real server on port 0, tonic TLS clients.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::certs::Ca;
-use common::{PAYMENTS, claim, test_settings};
+use crate::common::certs::Ca;
+use crate::common::{PAYMENTS, claim, test_settings};
 use idemd::clock::{Clock, ManualClock};
 use idemd::config::TlsSettings;
 use idemd::proto::v1 as pb;
@@ -158,7 +156,7 @@ async fn tls_calls_at_one_in_flight_are_fast() {
     let mut client = connect(server.local_addr, &ca.pem, None)
         .await
         .expect("TLS connects");
-    common::latency::assert_fast_at_one_in_flight(&mut client, "tls", "").await;
+    crate::common::latency::assert_fast_at_one_in_flight(&mut client, "tls", "").await;
     server.shutdown().await.expect("clean shutdown");
 }
 
@@ -219,6 +217,7 @@ async fn tls_certificate_is_reloaded_without_dropping_connections() {
         client_tenants: None,
     });
     let server = start(settings).await;
+    let mut events = server.reload_events().subscribe();
     let addr = server.local_addr;
     let mut established = connect(addr, &old_ca.pem, None)
         .await
@@ -229,7 +228,13 @@ async fn tls_certificate_is_reloaded_without_dropping_connections() {
 
     // A bad file keeps the old certificate in force.
     write(&files.cert, "not a certificate");
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let refused = crate::common::next_reload(&mut events, "tls certificate")
+        .await
+        .expect_err("a bad certificate is refused");
+    assert!(
+        refused.contains(&files.cert.display().to_string()),
+        "names the file: {refused}"
+    );
     let mut still_old = connect(addr, &old_ca.pem, None)
         .await
         .expect("the old certificate is still served after a bad write");
@@ -491,7 +496,7 @@ async fn audit_subcommand_speaks_mtls() {
         &dir.path().join("idemd.toml"),
         &format!("[endpoints.\"{PAYMENTS}\"]\naudit = true\n"),
     );
-    let process = common::process::spawn(
+    let process = crate::common::process::spawn(
         &dir.path().join("data"),
         &[
             "--config",
@@ -575,5 +580,5 @@ async fn audit_subcommand_speaks_mtls() {
     let stderr = String::from_utf8_lossy(&plaintext_with_ca.stderr);
     assert!(!plaintext_with_ca.status.success());
     assert!(stderr.contains("https://"), "{stderr}");
-    common::process::sigterm(&process);
+    crate::common::process::sigterm(&process);
 }

@@ -1,16 +1,13 @@
 //! The CQL backend as a shared service: several idemd replicas on one
 //! cluster, uncertain (timed-out) writes, and concurrent migrations.
 
-mod common;
-mod cql_support;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::process::{kill9, spawn};
-use common::*;
+use crate::common::process::{kill9, spawn};
+use crate::common::*;
 use idemd::proto::v1 as pb;
 use idemd::store::cql::CqlStore;
 use idemd::store::{InsertOutcome, Record, RecordKey, RecordState, Store, StoreError};
@@ -20,7 +17,7 @@ fn cql_flags(keyspace: &str) -> Vec<String> {
         "--store".into(),
         "cql".into(),
         "--cql-nodes".into(),
-        cql_support::nodes().join(","),
+        crate::cql_support::nodes().join(","),
         "--keyspace".into(),
         keyspace.into(),
     ]
@@ -36,8 +33,8 @@ fn unique(name: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_on_one_cluster_have_one_winner_per_key() {
-    cql_support::migrated_options().await;
-    let flags = cql_flags(cql_support::TEST_KEYSPACE);
+    crate::cql_support::migrated_options().await;
+    let flags = cql_flags(crate::cql_support::TEST_KEYSPACE);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let dir_a = tempfile::tempdir().expect("temp dir");
     let dir_b = tempfile::tempdir().expect("temp dir");
@@ -151,7 +148,7 @@ fn contender_record(key: &RecordKey, contender: usize, now: i64) -> Record {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn statement_timeouts_never_yield_two_winners() {
-    let options = cql_support::migrated_options().await;
+    let options = crate::cql_support::migrated_options().await;
     // A client timeout on conditional writes far below a Paxos round trip:
     // most time out after being sent, so their outcome is unknown until
     // resolved. Plain statements keep the normal timeout.
@@ -252,7 +249,7 @@ async fn concurrent_migrations_apply_each_migration_once() {
                 .args([
                     "migrate",
                     "--cql-nodes",
-                    &cql_support::nodes().join(","),
+                    &crate::cql_support::nodes().join(","),
                     "--keyspace",
                     &keyspace,
                 ])
@@ -289,7 +286,7 @@ async fn concurrent_migrations_apply_each_migration_once() {
     assert!(mine.is_empty(), "a rerun applies nothing: {mine:?}");
     assert_eq!(theirs, all, "a rerun finds everything applied");
     // The migrated keyspace serves.
-    let mut options = cql_support::options();
+    let mut options = crate::cql_support::options();
     options.keyspace = keyspace.clone();
     let store = CqlStore::open(&options)
         .await

@@ -1,9 +1,6 @@
 //! The gRPC contract suite against a real server on the embedded store.
 
-mod common;
-mod grpc_suite;
-
-use common::TestServer;
+use crate::common::TestServer;
 
 async fn start() -> TestServer {
     TestServer::embedded().await

@@ -2,11 +2,9 @@
 //! per key over 500 keys (32,000 Claims in flight together), through gRPC
 //! against a real server on the embedded store.
 
-mod common;
-
 use std::collections::HashMap;
 
-use common::*;
+use crate::common::*;
 
 /// Contenders per key.
 const CONTENDERS: usize = 64;

@@ -1,17 +1,13 @@
 //! The `Store` and `AuditLog` conformance suites on the CQL backend,
 //! against the real test cluster.
 
-mod audit_conformance;
-mod cql_support;
-mod store_conformance;
-
 use std::sync::Arc;
 
+use crate::store_conformance::StoreUnderTest;
 use idemd::store::cql::CqlStore;
-use store_conformance::StoreUnderTest;
 
 async fn make_store() -> StoreUnderTest {
-    let options = cql_support::migrated_options().await;
+    let options = crate::cql_support::migrated_options().await;
     let store = CqlStore::open(&options)
         .await
         .expect("connect to the test cluster");
@@ -23,12 +19,12 @@ async fn make_store() -> StoreUnderTest {
 
 store_conformance_suite!(make_store);
 
-async fn make_audit_log(retention: std::time::Duration) -> audit_conformance::LogUnderTest {
-    let options = cql_support::migrated_options().await;
+async fn make_audit_log(retention: std::time::Duration) -> crate::audit_conformance::LogUnderTest {
+    let options = crate::cql_support::migrated_options().await;
     let log = idemd::audit::cql::CqlAuditLog::open(&options, retention)
         .await
         .expect("open the audit tables (migration 2)");
-    audit_conformance::LogUnderTest {
+    crate::audit_conformance::LogUnderTest {
         log: Arc::new(log),
         _guard: Box::new(()),
     }

@@ -1,11 +1,9 @@
 //! The `AuditLog` conformance suite on the embedded backend.
 
-mod audit_conformance;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use audit_conformance::LogUnderTest;
+use crate::audit_conformance::LogUnderTest;
 use idemd::audit::embedded::EmbeddedAuditLog;
 
 async fn make_log(retention: Duration) -> LogUnderTest {

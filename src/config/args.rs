@@ -1,0 +1,289 @@
+//! The command line: every subcommand and flag, with its `IDEMD_*`
+//! variable and its default (a constant of [`super`] or of the module it
+//! configures).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use super::{
+    ConfigError, DEFAULT_CACHE_BYTES, DEFAULT_CLAIM_BURST, DEFAULT_CLAIM_RATE, DEFAULT_DATA_DIR,
+    DEFAULT_DRAIN_TIMEOUT, DEFAULT_LISTEN, DEFAULT_LOG, DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_METRICS_LISTEN, DEFAULT_METRICS_MAX_LABELS, DEFAULT_SWEEP_INTERVAL,
+};
+use crate::store::cql::{self, CqlConsistency, CqlOptions};
+use crate::store::embedded;
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `idemd`: idempotency keys as a gRPC service.
+#[derive(Debug, Parser)]
+#[command(name = "idemd", version, about, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    /// What to run; `serve` when omitted.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Server flags when no subcommand is given.
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+/// Subcommands.
+// Parsed once at start-up: the size difference between variants costs
+// nothing, and boxing would only obscure the clap derive.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the gRPC API (the default).
+    Serve(ServeArgs),
+    /// Create the CQL keyspace and apply pending schema migrations.
+    Migrate(MigrateArgs),
+    /// Print audit events from a running server: one key's history
+    /// (`--endpoint E --key K`) or the tenant's timeline (`--since 1h`).
+    Audit(AuditArgs),
+}
+
+/// Flags of `idemd audit`. It is a gRPC client of a running server (the
+/// embedded store has one owner, and the tenant must come from credentials
+/// like any other call).
+#[derive(Debug, Clone, Args)]
+pub struct AuditArgs {
+    /// The server.
+    #[arg(long, env = "IDEMD_TARGET", default_value = "http://127.0.0.1:50051")]
+    pub target: String,
+    /// Bearer token (the tenant is the token's).
+    #[arg(long, env = "IDEMD_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Tenant, for servers running with auth off (`x-tenant-id`).
+    #[arg(long, env = "IDEMD_TENANT")]
+    pub tenant: Option<String>,
+    // No fallback to the system roots: idemd's certificates come from a
+    // private CA (cert-manager, a mesh), and trusting every public CA would
+    // accept far more than the operator meant. The client-side names differ
+    // from the server's `--tls-*` flags so that `idemd audit` run in a
+    // server pod never picks up the server's own `IDEMD_TLS_*` environment.
+    /// PEM CA bundle that signed the server's certificate (required with an
+    /// `https://` target).
+    #[arg(long, env = "IDEMD_TARGET_CA")]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate for a server that requires mTLS (the tenant
+    /// is then the certificate's; see `--tls-client-tenants`).
+    #[arg(long, env = "IDEMD_CLIENT_CERT", requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+    /// PEM private key of `--client-cert`.
+    #[arg(long, env = "IDEMD_CLIENT_KEY", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
+    /// Only this endpoint (required with `--key`).
+    #[arg(long)]
+    pub endpoint: Option<String>,
+    /// One key's history.
+    #[arg(long)]
+    pub key: Option<String>,
+    /// Only events since: a duration ago (`1h`, `7d`) or an RFC 3339
+    /// instant (`2026-12-01T00:00:00Z`).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Stop after this many events.
+    #[arg(long, default_value_t = 1000)]
+    pub limit: usize,
+    /// One JSON object per line instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Which backend holds the records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum StoreKind {
+    /// One durable file in `--data-dir`; a single replica.
+    #[default]
+    Embedded,
+    /// ScyllaDB or Cassandra (`--cql-nodes`); any number of replicas.
+    Cql,
+}
+
+/// Connection flags of the CQL backend (shared by `serve` and `migrate`).
+#[derive(Debug, Clone, Args)]
+pub struct CqlArgs {
+    /// CQL contact points, comma-separated `host:port`.
+    #[arg(
+        long,
+        env = "IDEMD_CQL_NODES",
+        value_delimiter = ',',
+        default_value = cql::DEFAULT_NODE
+    )]
+    pub cql_nodes: Vec<String>,
+    /// Keyspace of idemd's tables.
+    #[arg(long, env = "IDEMD_KEYSPACE", default_value = cql::DEFAULT_KEYSPACE)]
+    pub keyspace: String,
+    /// Username (password authentication).
+    #[arg(long, env = "IDEMD_CQL_USERNAME")]
+    pub cql_username: Option<String>,
+    /// Password (password authentication); prefer the environment variable.
+    #[arg(long, env = "IDEMD_CQL_PASSWORD", hide_env_values = true)]
+    pub cql_password: Option<String>,
+    /// PEM CA bundle; enables TLS to the cluster.
+    #[arg(long, env = "IDEMD_CQL_TLS_CA")]
+    pub cql_tls_ca: Option<PathBuf>,
+    /// Consistency: `quorum` (QUORUM + SERIAL) or `local-quorum`
+    /// (LOCAL_QUORUM + LOCAL_SERIAL, multi-datacenter).
+    #[arg(long, env = "IDEMD_CQL_CONSISTENCY", value_enum, default_value_t = CqlConsistency::Quorum)]
+    pub cql_consistency: CqlConsistency,
+    /// Local datacenter (preferred for routing; use with local-quorum).
+    #[arg(long, env = "IDEMD_CQL_LOCAL_DC")]
+    pub cql_local_dc: Option<String>,
+    /// Client-side timeout of each CQL statement.
+    #[arg(long, env = "IDEMD_CQL_REQUEST_TIMEOUT", default_value_t = cql::DEFAULT_REQUEST_TIMEOUT.into())]
+    pub cql_request_timeout: humantime::Duration,
+    /// Client-side timeout of conditional (Paxos) writes; defaults to
+    /// `--cql-request-timeout`. A write that times out is resolved with a
+    /// SERIAL read, never guessed.
+    #[arg(long, env = "IDEMD_CQL_LWT_TIMEOUT")]
+    pub cql_lwt_timeout: Option<humantime::Duration>,
+}
+
+impl CqlArgs {
+    /// Connection options, with `max_ttl` the longest ttl of any policy.
+    pub fn options(&self, max_ttl: Duration) -> Result<CqlOptions, ConfigError> {
+        let options = CqlOptions {
+            nodes: self
+                .cql_nodes
+                .iter()
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty())
+                .collect(),
+            keyspace: self.keyspace.clone(),
+            username: self.cql_username.clone(),
+            password: self.cql_password.clone(),
+            tls_ca: self.cql_tls_ca.clone(),
+            consistency: self.cql_consistency,
+            local_datacenter: self.cql_local_dc.clone(),
+            request_timeout: self.cql_request_timeout.into(),
+            lwt_timeout: self.cql_lwt_timeout.map(Into::into),
+            max_ttl,
+        };
+        options
+            .validate()
+            .map_err(|(field, description)| ConfigError::new(field, description))?;
+        Ok(options)
+    }
+}
+
+/// Flags of `idemd migrate`.
+#[derive(Debug, Clone, Args)]
+pub struct MigrateArgs {
+    /// Connection flags.
+    #[command(flatten)]
+    pub cql: CqlArgs,
+    /// Replication of the keyspace when it is created, as a CQL map. Use
+    /// `{'class': 'NetworkTopologyStrategy', 'dc1': 3}` in production.
+    #[arg(
+        long,
+        env = "IDEMD_REPLICATION",
+        default_value = "{'class': 'SimpleStrategy', 'replication_factor': 1}"
+    )]
+    pub replication: String,
+    /// Log format.
+    #[arg(long, env = "IDEMD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
+    pub log_format: LogFormat,
+}
+
+/// Flags of `idemd serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Where records live.
+    #[arg(long, env = "IDEMD_STORE", value_enum, default_value_t = StoreKind::Embedded)]
+    pub store: StoreKind,
+    /// CQL connection flags (with `--store cql`).
+    #[command(flatten)]
+    pub cql: CqlArgs,
+    /// gRPC listen address.
+    #[arg(long, env = "IDEMD_LISTEN", default_value_t = DEFAULT_LISTEN)]
+    pub listen: SocketAddr,
+    /// Directory of the embedded store's database file.
+    #[arg(long, env = "IDEMD_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+    /// Tokens file (`TENANT SHA256_HEX_OF_TOKEN [ROLE [ENDPOINT_PREFIX, ...]]`
+    /// per line, see the `auth` module). Without it auth
+    /// is off and the tenant comes from `x-tenant-id`.
+    #[arg(long, env = "IDEMD_AUTH_TOKENS")]
+    pub auth_tokens: Option<PathBuf>,
+    /// TOML file with default and per-endpoint policies.
+    #[arg(long, env = "IDEMD_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, env = "IDEMD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
+    pub log_format: LogFormat,
+    /// Log filter (tracing `EnvFilter` syntax, e.g. `info,idemd=debug`).
+    #[arg(long, env = "IDEMD_LOG", default_value = DEFAULT_LOG)]
+    pub log: String,
+    /// Longest time in-flight RPCs get to finish after SIGTERM/SIGINT.
+    #[arg(long, env = "IDEMD_DRAIN_TIMEOUT", default_value_t = DEFAULT_DRAIN_TIMEOUT.into())]
+    pub drain_timeout: humantime::Duration,
+    /// How often expired records are swept from the embedded store.
+    #[arg(long, env = "IDEMD_SWEEP_INTERVAL", default_value_t = DEFAULT_SWEEP_INTERVAL.into())]
+    pub sweep_interval: humantime::Duration,
+    /// Memory for cached completed records (replays), in bytes.
+    #[arg(long, env = "IDEMD_CACHE_BYTES", default_value_t = DEFAULT_CACHE_BYTES)]
+    pub cache_bytes: usize,
+    /// Page cache of the embedded store's database file, in bytes.
+    #[arg(long, env = "IDEMD_STORE_CACHE_BYTES", default_value_t = embedded::DEFAULT_CACHE_BYTES)]
+    pub store_cache_bytes: usize,
+    /// Prometheus `/metrics` address (separate from the gRPC port); `off`
+    /// disables the exporter.
+    #[arg(long, env = "IDEMD_METRICS_LISTEN", default_value = DEFAULT_METRICS_LISTEN)]
+    pub metrics_listen: String,
+    /// Distinct tenant label values in metrics before `_other`.
+    #[arg(long, env = "IDEMD_METRICS_MAX_TENANTS", default_value_t = DEFAULT_METRICS_MAX_LABELS)]
+    pub metrics_max_tenants: usize,
+    /// Distinct endpoint label values in metrics before `_other`.
+    #[arg(long, env = "IDEMD_METRICS_MAX_ENDPOINTS", default_value_t = DEFAULT_METRICS_MAX_LABELS)]
+    pub metrics_max_endpoints: usize,
+    /// How long audit events are kept (endpoints with `audit = true`),
+    /// independently of the keys' ttl.
+    #[arg(long, env = "IDEMD_AUDIT_RETENTION", default_value_t = crate::audit::DEFAULT_RETENTION.into())]
+    pub audit_retention: humantime::Duration,
+    /// PEM certificate chain of the gRPC port: turns TLS on (with
+    /// `--tls-key`). Reloaded when the file changes.
+    #[arg(long, env = "IDEMD_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `--tls-cert`.
+    #[arg(long, env = "IDEMD_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA bundle: requires and verifies client certificates (mTLS).
+    #[arg(long, env = "IDEMD_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// With mTLS: file mapping client-certificate SANs (SPIFFE URI or DNS
+    /// name) to tenants and roles (see `docs/security.md`).
+    #[arg(long, env = "IDEMD_TLS_CLIENT_TENANTS", requires = "tls_client_ca")]
+    pub tls_client_tenants: Option<PathBuf>,
+    /// Keyring file for encryption at rest of stored responses (AES-256-GCM;
+    /// `KEY_ID BASE64_32_BYTES` per line, the last line encrypts). Without
+    /// it responses are stored in clear.
+    #[arg(long, env = "IDEMD_ENCRYPTION_KEYS")]
+    pub encryption_keys: Option<PathBuf>,
+    /// New keys (Claims that create a record) per second per tenant; 0
+    /// disables the limit.
+    #[arg(long, env = "IDEMD_CLAIM_RATE", default_value_t = DEFAULT_CLAIM_RATE)]
+    pub claim_rate: f64,
+    /// Burst of new keys per tenant above `--claim-rate`.
+    #[arg(long, env = "IDEMD_CLAIM_BURST", default_value_t = DEFAULT_CLAIM_BURST)]
+    pub claim_burst: u32,
+    /// RPCs in progress at once before new ones are shed with
+    /// RESOURCE_EXHAUSTED; 0 disables the limit.
+    #[arg(long, env = "IDEMD_MAX_IN_FLIGHT", default_value_t = DEFAULT_MAX_IN_FLIGHT)]
+    pub max_in_flight: usize,
+    /// How often watched files (tokens, client tenants, TLS certificate and
+    /// key, client CA) are checked for changes; SIGHUP re-reads them at once.
+    #[arg(long, env = "IDEMD_RELOAD_INTERVAL", default_value_t = crate::reload::DEFAULT_INTERVAL.into())]
+    pub reload_interval: humantime::Duration,
+}

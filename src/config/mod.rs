@@ -1,0 +1,416 @@
+//! Configuration: command line and `IDEMD_*` environment for the process,
+//! a TOML file for endpoint policies, validated into [`Settings`].
+//!
+//! Precedence, lowest first: built-in defaults → `--config` file (policies)
+//! → `IDEMD_*` environment → command-line flags. Every flag has an
+//! environment variable (shown by `idemd --help`). Invalid configuration is
+//! refused at start with a message that names the field, e.g.
+//! `endpoints."POST /v1/payments".lease: 2h exceeds ttl 1h`, and exit
+//! status 2.
+//!
+//! # Where things are defined
+//!
+//! Each default is a constant defined once, next to what it configures
+//! (the `DEFAULT_*` constants below, [`crate::store::embedded`] and
+//! [`crate::store::cql`] for their backends, [`Policy::default`] for
+//! policies); clap's `default_value_t`, [`Settings::for_data_dir`] and the
+//! README's flag table show those constants (`tests/it/docs.rs` checks the
+//! table against `idemd serve --help`). Every check of a combination of
+//! settings is in [`Settings::validate`]; files named by settings (tokens,
+//! certificates, mappings, keyring) are read at start-up by the modules that
+//! own them, and their errors exit 2 as well (`ServerError::is_configuration`).
+//!
+//! The policy file:
+//!
+//! ```toml
+//! [defaults]                    # applies to every endpoint
+//! ttl = "24h"                   # dedup window when the Claim gives none
+//! max_ttl = "7d"                # largest ttl a Claim may ask for
+//! lease = "60s"                 # lease when the Claim gives none
+//! max_wait = "10s"              # cap on a Claim's wait
+//! max_response_bytes = 262144   # cap on a stored response
+//! ignore_fields = []            # JSON Pointers dropped before fingerprinting
+//! on_expired_lease = "reconcile" # or "takeover"
+//! audit = false                 # append every transition to the audit log
+//!
+//! [endpoints."POST /v1/payments"] # overrides, inheriting from [defaults]
+//! ttl = "72h"
+//! ```
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::engine::{PolicySet, validate};
+use crate::store::cql::CqlOptions;
+use crate::store::embedded;
+
+mod args;
+mod policies;
+
+pub use args::{AuditArgs, Cli, Command, CqlArgs, LogFormat, MigrateArgs, ServeArgs, StoreKind};
+pub use policies::parse_policies;
+use policies::{load_policies, validate_policy};
+
+/// Largest `max_response_bytes` a policy may set: a stored response must fit
+/// in one gRPC message with room to spare.
+pub const MAX_RESPONSE_BYTES_LIMIT: usize = 4 * 1024 * 1024;
+
+/// Longest `max_wait` a policy may set: a waiting Claim holds an RPC open.
+pub const MAX_WAIT_LIMIT: Duration = Duration::from_secs(60);
+
+/// Default memory of the completed-record cache. Together with
+/// [`embedded::DEFAULT_CACHE_BYTES`] (the store's page cache) this is most of what idemd's memory use
+/// depends on: with both at their defaults a server under 1,000 concurrent
+/// requests stays under 64 MiB resident (docs/benchmarks.md, P5). Replays of
+/// keys that fall out of the cache are read from the store, not lost.
+pub const DEFAULT_CACHE_BYTES: usize = 8 * 1024 * 1024;
+
+/// Default gRPC listen address.
+pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::UNSPECIFIED,
+    50051,
+));
+
+/// Default directory of the embedded store.
+pub const DEFAULT_DATA_DIR: &str = "./data";
+
+/// Default `/metrics` address.
+pub const DEFAULT_METRICS_LISTEN: &str = "0.0.0.0:9464";
+
+/// Default cap on distinct tenant (and, separately, endpoint) label values.
+pub const DEFAULT_METRICS_MAX_LABELS: usize = 100;
+
+/// Default time in-flight RPCs get after SIGTERM.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Default period of the expired-record sweeper.
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Default new keys per second per tenant.
+pub const DEFAULT_CLAIM_RATE: f64 = 10_000.0;
+
+/// Default burst of new keys per tenant.
+pub const DEFAULT_CLAIM_BURST: u32 = 20_000;
+
+/// Default RPCs in progress before shedding.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
+
+/// Default log filter.
+pub const DEFAULT_LOG: &str = "info";
+
+/// Smallest store page cache accepted: below a few hundred pages every
+/// B-tree descent reads from the file.
+pub const MIN_STORE_CACHE_BYTES: usize = 1024 * 1024;
+
+/// Shortest `--reload-interval`: each check stats every watched file.
+pub const MIN_RELOAD_INTERVAL: Duration = Duration::from_millis(10);
+
+/// TLS of the gRPC port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// PEM certificate chain.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+    /// CA bundle for client certificates (mTLS); `None` = server TLS only.
+    pub client_ca: Option<PathBuf>,
+    /// SAN → tenant mapping for mTLS callers.
+    pub client_tenants: Option<PathBuf>,
+}
+
+/// Admission limits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LimitSettings {
+    /// New keys per second per tenant; 0 = unlimited.
+    pub claim_rate: f64,
+    /// Bucket size of the per-tenant new-key limit.
+    pub claim_burst: u32,
+    /// RPCs in progress before shedding; 0 = unlimited.
+    pub max_in_flight: usize,
+}
+
+impl Default for LimitSettings {
+    fn default() -> Self {
+        Self {
+            claim_rate: DEFAULT_CLAIM_RATE,
+            claim_burst: DEFAULT_CLAIM_BURST,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+        }
+    }
+}
+
+/// A configuration problem, naming the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {description}")]
+pub struct ConfigError {
+    /// Path of the offending setting.
+    pub field: String,
+    /// What is wrong.
+    pub description: String,
+}
+
+impl ConfigError {
+    fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            description: description.into(),
+        }
+    }
+}
+
+/// The store a server runs on.
+#[derive(Debug, Clone)]
+pub enum StoreSettings {
+    /// The embedded file store in `Settings::data_dir`.
+    Embedded,
+    /// A CQL cluster.
+    Cql(CqlOptions),
+}
+
+/// Validated settings of the server.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Where records live.
+    pub store: StoreSettings,
+    /// gRPC listen address.
+    pub listen: SocketAddr,
+    /// Embedded store directory.
+    pub data_dir: PathBuf,
+    /// Tokens file; `None` = auth off.
+    pub auth_tokens: Option<PathBuf>,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Log filter.
+    pub log: String,
+    /// Drain bound on shutdown.
+    pub drain_timeout: Duration,
+    /// Sweeper period.
+    pub sweep_interval: Duration,
+    /// Completed-record cache size.
+    pub cache_bytes: usize,
+    /// Embedded store page cache size.
+    pub store_cache_bytes: usize,
+    /// Endpoint policies.
+    pub policies: PolicySet,
+    /// Prometheus exporter address; `None` disables it.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Label cardinality caps (tenants, endpoints).
+    pub metrics_label_caps: (usize, usize),
+    /// How long audit events are kept.
+    pub audit_retention: Duration,
+    /// TLS of the gRPC port; `None` = plaintext.
+    pub tls: Option<TlsSettings>,
+    /// Keyring for encryption at rest; `None` = responses stored in clear.
+    pub encryption_keys: Option<PathBuf>,
+    /// Rate and concurrency limits.
+    pub limits: LimitSettings,
+    /// How often watched files are checked for changes.
+    pub reload_interval: Duration,
+}
+
+impl Settings {
+    /// Settings for tests and embedding: defaults, given data dir.
+    pub fn for_data_dir(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            store: StoreSettings::Embedded,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            data_dir: data_dir.into(),
+            auth_tokens: None,
+            log_format: LogFormat::Human,
+            log: DEFAULT_LOG.to_string(),
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            sweep_interval: DEFAULT_SWEEP_INTERVAL,
+            cache_bytes: DEFAULT_CACHE_BYTES,
+            store_cache_bytes: embedded::DEFAULT_CACHE_BYTES,
+            policies: PolicySet::default(),
+            metrics_listen: None,
+            metrics_label_caps: (DEFAULT_METRICS_MAX_LABELS, DEFAULT_METRICS_MAX_LABELS),
+            audit_retention: crate::audit::DEFAULT_RETENTION,
+            tls: None,
+            encryption_keys: None,
+            limits: LimitSettings::default(),
+            reload_interval: crate::reload::DEFAULT_INTERVAL,
+        }
+    }
+
+    /// Builds and validates settings from parsed flags.
+    pub fn from_args(args: &ServeArgs) -> Result<Self, ConfigError> {
+        let policies = match &args.config {
+            Some(path) => load_policies(path)?,
+            None => PolicySet::default(),
+        };
+        let max_ttl = policies
+            .endpoints
+            .values()
+            .map(|p| p.max_ttl)
+            .chain([policies.default.max_ttl])
+            .max()
+            .unwrap_or_default();
+        let store = match args.store {
+            StoreKind::Embedded => StoreSettings::Embedded,
+            StoreKind::Cql => StoreSettings::Cql(args.cql.options(max_ttl)?),
+        };
+        let settings = Self {
+            store,
+            listen: args.listen,
+            data_dir: args.data_dir.clone(),
+            auth_tokens: args.auth_tokens.clone(),
+            log_format: args.log_format,
+            log: args.log.clone(),
+            drain_timeout: args.drain_timeout.into(),
+            sweep_interval: args.sweep_interval.into(),
+            cache_bytes: args.cache_bytes,
+            store_cache_bytes: args.store_cache_bytes,
+            policies,
+            metrics_listen: match args.metrics_listen.trim() {
+                "off" | "" => None,
+                address => Some(address.parse().map_err(|e| {
+                    ConfigError::new("metrics_listen", format!("{address:?}: {e}"))
+                })?),
+            },
+            metrics_label_caps: (args.metrics_max_tenants, args.metrics_max_endpoints),
+            audit_retention: args.audit_retention.into(),
+            tls: match (&args.tls_cert, &args.tls_key) {
+                (Some(cert), Some(key)) => Some(TlsSettings {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: args.tls_client_ca.clone(),
+                    client_tenants: args.tls_client_tenants.clone(),
+                }),
+                _ => None,
+            },
+            encryption_keys: args.encryption_keys.clone(),
+            limits: LimitSettings {
+                claim_rate: args.claim_rate,
+                claim_burst: args.claim_burst,
+                max_in_flight: args.max_in_flight,
+            },
+            reload_interval: args.reload_interval.into(),
+        };
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks every setting; the error names the first bad one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.sweep_interval.is_zero() {
+            return Err(ConfigError::new(
+                "sweep_interval",
+                "must be greater than zero",
+            ));
+        }
+        if self.reload_interval < MIN_RELOAD_INTERVAL {
+            return Err(ConfigError::new(
+                "reload_interval",
+                format!(
+                    "must be at least {}",
+                    humantime::format_duration(MIN_RELOAD_INTERVAL)
+                ),
+            ));
+        }
+        if let Some(tls) = &self.tls {
+            if tls.client_tenants.is_some() && tls.client_ca.is_none() {
+                return Err(ConfigError::new(
+                    "tls_client_tenants",
+                    "needs --tls-client-ca: only verified client certificates may name a tenant",
+                ));
+            }
+            if tls.client_ca.is_some() && tls.client_tenants.is_none() && self.auth_tokens.is_none()
+            {
+                return Err(ConfigError::new(
+                    "tls_client_ca",
+                    "without --tls-client-tenants or --auth-tokens client certificates would be verified but name no tenant; add a mapping, a tokens file, or both",
+                ));
+            }
+        }
+        if let StoreSettings::Cql(options) = &self.store {
+            options
+                .validate()
+                .map_err(|(field, description)| ConfigError::new(field, description))?;
+        }
+        if self.store_cache_bytes < MIN_STORE_CACHE_BYTES {
+            return Err(ConfigError::new(
+                "store_cache_bytes",
+                format!("must be at least {MIN_STORE_CACHE_BYTES} (1 MiB)"),
+            ));
+        }
+        if self.audit_retention < Duration::from_secs(1) {
+            return Err(ConfigError::new("audit_retention", "must be at least 1s"));
+        }
+        if !self.limits.claim_rate.is_finite() || self.limits.claim_rate < 0.0 {
+            return Err(ConfigError::new(
+                "claim_rate",
+                "must be a non-negative number (0 disables the limit)",
+            ));
+        }
+        if self.limits.claim_rate > 0.0 && self.limits.claim_burst == 0 {
+            return Err(ConfigError::new(
+                "claim_burst",
+                "must be at least 1 when claim_rate is set",
+            ));
+        }
+        validate_policy("defaults", &self.policies.default)?;
+        for (endpoint, policy) in &self.policies.endpoints {
+            let field = format!("endpoints.{endpoint:?}");
+            validate::endpoint(endpoint)
+                .map_err(|e| ConfigError::new(field.clone(), e.to_string()))?;
+            validate_policy(&field, policy)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::ExpiredLeasePolicy;
+
+    fn settings_with(text: &str) -> Result<Settings, ConfigError> {
+        let mut settings = Settings::for_data_dir("unused");
+        settings.policies = parse_policies(text)?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    #[test]
+    fn endpoints_inherit_defaults() {
+        let settings = settings_with(
+            "[defaults]\nlease = \"30s\"\n[endpoints.\"POST /v1/payments\"]\nttl = \"72h\"\non_expired_lease = \"takeover\"\n",
+        )
+        .expect("valid");
+        let policy = settings.policies.for_endpoint("POST /v1/payments");
+        assert_eq!(policy.ttl, Duration::from_secs(72 * 3600));
+        assert_eq!(policy.lease, Duration::from_secs(30));
+        assert_eq!(policy.on_expired_lease, ExpiredLeasePolicy::Takeover);
+        assert_eq!(
+            settings.policies.for_endpoint("other").lease,
+            Duration::from_secs(30)
+        );
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let err = settings_with("[endpoints.\"POST /x\"]\nttl = \"1h\"\nlease = \"2h\"\n")
+            .expect_err("lease > ttl");
+        assert_eq!(err.field, "endpoints.\"POST /x\".lease");
+        let err = settings_with("[defaults]\nttl = \"30d\"\n").expect_err("ttl > max");
+        assert_eq!(err.field, "defaults.ttl");
+        let err = settings_with("[defaults]\nignore_fields = [\"nope\"]\n").expect_err("pointer");
+        assert_eq!(err.field, "defaults.ignore_fields");
+        let err = settings_with("[defaults]\nleese = \"1s\"\n").expect_err("typo");
+        assert!(err.description.contains("leese"), "{err}");
+        let err = settings_with("[defaults]\nmax_response_bytes = 0\n").expect_err("zero");
+        assert_eq!(err.field, "defaults.max_response_bytes");
+    }
+
+    #[test]
+    fn store_cache_has_a_floor() {
+        let mut settings = Settings::for_data_dir("unused");
+        settings.store_cache_bytes = MIN_STORE_CACHE_BYTES - 1;
+        let err = settings.validate().expect_err("below the floor");
+        assert_eq!(err.field, "store_cache_bytes");
+        settings.store_cache_bytes = MIN_STORE_CACHE_BYTES;
+        settings.validate().expect("at the floor");
+    }
+}

@@ -1,0 +1,359 @@
+//! Claim: validation, fingerprinting, the decision on an existing record,
+//! takeover of an expired lease, and waiting for an in-flight duplicate.
+
+use std::time::{Duration, Instant};
+
+use super::transitions::Transition;
+use super::{
+    ClaimInput, ClaimOutcome, ClaimResult, Engine, EngineError, EngineResult, ExpiredLeasePolicy,
+    FingerprintInput, MAX_CAS_ROUNDS, Policy, lease_of, ms, new_lease_token, validate,
+};
+use crate::fingerprint::{self, FingerprintError, RequestParts};
+use crate::store::{CasOutcome, Expected, InsertOutcome, Record, RecordKey, RecordState};
+
+/// The `retry_after` hint given with `in_progress` (bounded by the holder's
+/// remaining lease).
+const RETRY_AFTER_HINT: Duration = Duration::from_secs(1);
+
+/// Re-read interval bounds while waiting for an in-flight duplicate.
+const WAIT_POLL_MIN: Duration = Duration::from_millis(50);
+const WAIT_POLL_MAX: Duration = Duration::from_secs(1);
+
+fn fingerprint_error(error: FingerprintError) -> EngineError {
+    match error {
+        FingerprintError::BodyTooLarge { .. } => {
+            EngineError::too_large("request.body", error.to_string())
+        }
+        FingerprintError::Json(json) => EngineError::invalid("request.body", json.to_string()),
+        FingerprintError::Pointer { index, error } => {
+            EngineError::invalid(format!("request.ignore_fields[{index}]"), error.to_string())
+        }
+        FingerprintError::PointerLimit(description) => {
+            EngineError::invalid("request.ignore_fields", description)
+        }
+    }
+}
+
+impl Engine {
+    /// Claim: see the module docs and `proto/idemd/v1/idempotency.proto`.
+    pub async fn claim(&self, tenant: &str, input: ClaimInput) -> EngineResult<ClaimResult> {
+        let started = Instant::now();
+        let id = self.identity(tenant, &input.endpoint, &input.key)?;
+        validate::attempt_id(&input.attempt_id)?;
+        let policy = self.policies.for_endpoint(&input.endpoint);
+        let ttl = validate::positive_duration("ttl", input.ttl_ms)?.unwrap_or(policy.ttl);
+        if ttl > policy.max_ttl {
+            return Err(EngineError::invalid(
+                "ttl",
+                format!(
+                    "{} exceeds the endpoint's maximum of {}",
+                    humantime::format_duration(ttl),
+                    humantime::format_duration(policy.max_ttl)
+                ),
+            ));
+        }
+        let lease = validate::positive_duration("lease", input.lease_ms)?
+            .unwrap_or_else(|| policy.lease.min(ttl));
+        if lease > ttl {
+            return Err(EngineError::invalid(
+                "lease",
+                format!(
+                    "{} exceeds the ttl of {}",
+                    humantime::format_duration(lease),
+                    humantime::format_duration(ttl)
+                ),
+            ));
+        }
+        let wait = validate::non_negative_duration("wait", input.wait_ms)?
+            .unwrap_or_default()
+            .min(policy.max_wait);
+        let fingerprint = self.compute_fingerprint(&input.fingerprint, policy)?;
+
+        let request = ClaimRequest {
+            id,
+            fingerprint,
+            lease,
+            ttl,
+            attempt_id: input.attempt_id,
+            policy,
+            started,
+        };
+        let outcome = if wait.is_zero() {
+            self.claim_once(&request).await?
+        } else {
+            self.claim_waiting(&request, wait).await?
+        };
+        Ok(ClaimResult {
+            outcome,
+            fingerprint: request.fingerprint,
+        })
+    }
+
+    /// Claims, waiting up to `wait` for an in-flight holder to finish.
+    async fn claim_waiting(
+        &self,
+        request: &ClaimRequest<'_>,
+        wait: Duration,
+    ) -> EngineResult<ClaimOutcome> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let registration = self.waiters.register(&request.id);
+        let mut poll = WAIT_POLL_MIN;
+        loop {
+            let notified = registration.notify.notified();
+            tokio::pin!(notified);
+            // Enabled before the read: a wake-up between the read and the
+            // sleep is not lost.
+            notified.as_mut().enable();
+            let outcome = self.claim_once(request).await?;
+            let ClaimOutcome::InProgress {
+                lease_expires_at_ms,
+                ..
+            } = &outcome
+            else {
+                return Ok(outcome);
+            };
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(outcome);
+            }
+            // Wake at the latest when the holder's lease runs out (the answer
+            // changes then), at the next poll, or at the deadline.
+            let lease_left = Duration::from_millis(
+                lease_expires_at_ms
+                    .saturating_sub(self.now())
+                    .max(1)
+                    .unsigned_abs(),
+            );
+            let sleep_until = deadline.min(now + poll.min(lease_left));
+            tokio::select! {
+                () = &mut notified => {}
+                () = tokio::time::sleep_until(sleep_until) => {}
+            }
+            poll = (poll * 2).min(WAIT_POLL_MAX);
+        }
+    }
+
+    /// One decision round of Claim (no waiting).
+    async fn claim_once(&self, request: &ClaimRequest<'_>) -> EngineResult<ClaimOutcome> {
+        let mut current = self.read(&request.id, self.now()).await?;
+        for _ in 0..MAX_CAS_ROUNDS {
+            let now = self.now();
+            let Some(existing) = current.take() else {
+                // Only creating a key is rate-limited: replays and answers
+                // about existing keys never reach this point.
+                if let Some(limiter) = &self.claim_limiter
+                    && let Err(retry_after) = limiter.try_acquire(&request.id.tenant, now)
+                {
+                    // A concurrent Claim of the same key may have created it
+                    // since the read: then this one is an answer about an
+                    // existing key, which the limit does not apply to.
+                    if let Some(created) = self.read(&request.id, now).await? {
+                        current = Some(created);
+                        continue;
+                    }
+                    return Err(EngineError::RateLimited {
+                        retry_after,
+                        description: format!(
+                            "the tenant's rate of new keys is exhausted; retry in {} ms",
+                            retry_after.as_millis()
+                        ),
+                    });
+                }
+                let record = request.new_record(now, 1);
+                match self.store.insert_if_absent(&record, now).await? {
+                    InsertOutcome::Inserted => {
+                        self.transition(Transition::new(
+                            &record,
+                            "none",
+                            "claimed",
+                            request.started,
+                        ))
+                        .await;
+                        return Ok(ClaimOutcome::Claimed(lease_of(&record)));
+                    }
+                    InsertOutcome::Exists(winner) => {
+                        // Another Claim created the key first: this one
+                        // created nothing and is not charged for it.
+                        if let Some(limiter) = &self.claim_limiter {
+                            limiter.refund(&request.id.tenant, now);
+                        }
+                        current = Some(winner);
+                        continue;
+                    }
+                }
+            };
+            match self.decide_existing(request, &existing, now) {
+                Decision::Answer(outcome) => {
+                    if let ClaimOutcome::Replayed { .. } = &outcome {
+                        let mut replay =
+                            Transition::new(&existing, "completed", "completed", request.started);
+                        replay.replayed = true;
+                        self.transition(replay).await;
+                    }
+                    return Ok(outcome);
+                }
+                Decision::TakeOver => {
+                    let mut record = request.new_record(now, existing.attempt.saturating_add(1));
+                    // The dedup window is the original one; a takeover never
+                    // extends it.
+                    record.created_at_ms = existing.created_at_ms;
+                    record.expires_at_ms = existing.expires_at_ms;
+                    record.lease_expires_at_ms =
+                        record.lease_expires_at_ms.min(existing.expires_at_ms);
+                    match self
+                        .store
+                        .replace_if(&record, &Expected::matching(&existing), now)
+                        .await?
+                    {
+                        CasOutcome::Applied => {
+                            self.transition(Transition::new(
+                                &record,
+                                "in_progress",
+                                "taken_over",
+                                request.started,
+                            ))
+                            .await;
+                            return Ok(ClaimOutcome::Claimed(lease_of(&record)));
+                        }
+                        CasOutcome::Conflict { current: latest } => current = latest,
+                    }
+                }
+            }
+        }
+        Err(EngineError::Contention(
+            "the key changed concurrently too many times; retry".to_string(),
+        ))
+    }
+
+    fn decide_existing(&self, request: &ClaimRequest<'_>, existing: &Record, now: i64) -> Decision {
+        if existing.fingerprint != request.fingerprint {
+            return Decision::Answer(ClaimOutcome::Mismatch);
+        }
+        match existing.state {
+            RecordState::Completed => Decision::Answer(ClaimOutcome::Replayed {
+                response: existing.response.clone().unwrap_or_default(),
+                completed_at_ms: existing.completed_at_ms.unwrap_or(existing.updated_at_ms),
+            }),
+            RecordState::Failed | RecordState::Unknown => Decision::Answer(ClaimOutcome::Pending {
+                state: existing.state,
+                reason: existing.reason.clone(),
+            }),
+            RecordState::InProgress if now < existing.lease_expires_at_ms => {
+                if !request.attempt_id.is_empty() && existing.attempt_id == request.attempt_id {
+                    // The same Claim call, retried after a lost response.
+                    return Decision::Answer(ClaimOutcome::Claimed(lease_of(existing)));
+                }
+                let remaining = Duration::from_millis(
+                    (existing.lease_expires_at_ms - now).max(1).unsigned_abs(),
+                );
+                Decision::Answer(ClaimOutcome::InProgress {
+                    retry_after: RETRY_AFTER_HINT.min(remaining),
+                    lease_expires_at_ms: existing.lease_expires_at_ms,
+                })
+            }
+            RecordState::InProgress => match request.policy.on_expired_lease {
+                ExpiredLeasePolicy::Takeover => Decision::TakeOver,
+                ExpiredLeasePolicy::Reconcile => Decision::Answer(ClaimOutcome::Pending {
+                    state: RecordState::InProgress,
+                    reason: format!(
+                        "lease expired {} ms ago without Complete or Fail (attempt {}); the outcome must be reconciled",
+                        now - existing.lease_expires_at_ms,
+                        existing.attempt
+                    ),
+                }),
+            },
+        }
+    }
+
+    fn compute_fingerprint(
+        &self,
+        input: &FingerprintInput,
+        policy: &Policy,
+    ) -> EngineResult<Vec<u8>> {
+        match input {
+            FingerprintInput::Missing => Err(EngineError::invalid(
+                "fingerprint",
+                "one of request or sha256 is required",
+            )),
+            FingerprintInput::Sha256(digest) => {
+                if digest.len() != fingerprint::FINGERPRINT_LEN {
+                    return Err(EngineError::invalid(
+                        "sha256",
+                        format!(
+                            "must be exactly {} bytes, got {}",
+                            fingerprint::FINGERPRINT_LEN,
+                            digest.len()
+                        ),
+                    ));
+                }
+                Ok(digest.clone())
+            }
+            FingerprintInput::Request {
+                method,
+                path,
+                body,
+                content_type,
+                ignore_fields,
+            } => {
+                if method.trim().is_empty() || !method.bytes().all(|b| b.is_ascii_alphabetic()) {
+                    return Err(EngineError::invalid(
+                        "request.method",
+                        "must be a non-empty HTTP method (letters only)",
+                    ));
+                }
+                let ignore: Vec<&str> = ignore_fields
+                    .iter()
+                    .chain(policy.ignore_fields.iter())
+                    .map(String::as_str)
+                    .collect();
+                let parts = RequestParts {
+                    method,
+                    path,
+                    body,
+                    content_type,
+                };
+                fingerprint::fingerprint_v1(&parts, &ignore)
+                    .map(|digest| digest.to_vec())
+                    .map_err(fingerprint_error)
+            }
+        }
+    }
+}
+
+/// A validated Claim.
+struct ClaimRequest<'a> {
+    id: RecordKey,
+    fingerprint: Vec<u8>,
+    lease: Duration,
+    ttl: Duration,
+    attempt_id: String,
+    policy: &'a Policy,
+    /// When the RPC entered the engine (transition latency).
+    started: Instant,
+}
+
+impl ClaimRequest<'_> {
+    fn new_record(&self, now: i64, attempt: u32) -> Record {
+        let expires_at_ms = now.saturating_add(ms(self.ttl));
+        Record {
+            id: self.id.clone(),
+            state: RecordState::InProgress,
+            fingerprint: self.fingerprint.clone(),
+            attempt,
+            lease_token: new_lease_token(),
+            attempt_id: self.attempt_id.clone(),
+            created_at_ms: now,
+            updated_at_ms: now,
+            lease_expires_at_ms: now.saturating_add(ms(self.lease)).min(expires_at_ms),
+            completed_at_ms: None,
+            expires_at_ms,
+            response: None,
+            reason: String::new(),
+        }
+    }
+}
+
+enum Decision {
+    Answer(ClaimOutcome),
+    TakeOver,
+}

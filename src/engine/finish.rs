@@ -1,0 +1,199 @@
+//! What the holder of a lease does with it: Complete (store the response),
+//! Fail (release, unknown, failed) and ExtendLease. Every one is fenced by
+//! the lease token.
+
+use std::time::Instant;
+
+use super::transitions::Transition;
+use super::{
+    Disposition, Engine, EngineError, EngineResult, MAX_CAS_ROUNDS, PreconditionReason, contention,
+    ms, not_in_progress, validate,
+};
+use crate::store::{CasOutcome, Expected, RecordState, StoredResponse};
+
+impl Engine {
+    /// Complete: store the response of a claimed execution.
+    /// Returns the record's (unchanged) expiry.
+    pub async fn complete(
+        &self,
+        tenant: &str,
+        endpoint: &str,
+        key: &str,
+        lease_token: &str,
+        response: StoredResponse,
+    ) -> EngineResult<i64> {
+        let started = Instant::now();
+        let id = self.identity(tenant, endpoint, key)?;
+        validate::lease_token(lease_token)?;
+        let policy = self.policies.for_endpoint(endpoint);
+        validate::response("response", &response, policy.max_response_bytes)?;
+        for _ in 0..MAX_CAS_ROUNDS {
+            let now = self.now();
+            let Some(record) = self.fenced(&id, lease_token, now).await? else {
+                return Err(EngineError::NotFound(
+                    "no live claim for this key (it expired or was released)".to_string(),
+                ));
+            };
+            match record.state {
+                RecordState::Completed if record.response.as_ref() == Some(&response) => {
+                    return Ok(record.expires_at_ms);
+                }
+                RecordState::Completed => {
+                    return Err(EngineError::precondition(
+                        PreconditionReason::AlreadyCompleted,
+                        "the key is already completed with a different response",
+                    ));
+                }
+                RecordState::Failed | RecordState::Unknown => {
+                    return Err(not_in_progress(&record));
+                }
+                RecordState::InProgress => {
+                    let mut completed = record.clone();
+                    completed.state = RecordState::Completed;
+                    completed.response = Some(response.clone());
+                    completed.completed_at_ms = Some(now);
+                    completed.updated_at_ms = now;
+                    if let CasOutcome::Applied = self
+                        .store
+                        .replace_if(&completed, &Expected::matching(&record), now)
+                        .await?
+                    {
+                        self.transition(Transition::new(
+                            &completed,
+                            "in_progress",
+                            "completed",
+                            started,
+                        ))
+                        .await;
+                        self.cache.insert(&completed);
+                        self.waiters.wake(&id);
+                        return Ok(completed.expires_at_ms);
+                    }
+                }
+            }
+        }
+        Err(contention())
+    }
+
+    /// Fail: end a claimed execution without a response.
+    pub async fn fail(
+        &self,
+        tenant: &str,
+        endpoint: &str,
+        key: &str,
+        lease_token: &str,
+        disposition: Option<Disposition>,
+        reason: &str,
+    ) -> EngineResult<()> {
+        let started = Instant::now();
+        let id = self.identity(tenant, endpoint, key)?;
+        validate::lease_token(lease_token)?;
+        validate::reason("reason", reason)?;
+        let Some(disposition) = disposition else {
+            return Err(EngineError::invalid(
+                "disposition",
+                "must be RELEASE, UNKNOWN or FAILED",
+            ));
+        };
+        for _ in 0..MAX_CAS_ROUNDS {
+            let now = self.now();
+            let record = match self.fenced(&id, lease_token, now).await? {
+                Some(record) => record,
+                // Releasing is idempotent: the claim being gone is the goal.
+                None if disposition == Disposition::Release => return Ok(()),
+                None => {
+                    return Err(EngineError::NotFound(
+                        "no live claim for this key (it expired or was released)".to_string(),
+                    ));
+                }
+            };
+            let target = match disposition {
+                Disposition::Release => None,
+                Disposition::Unknown => Some(RecordState::Unknown),
+                Disposition::Failed => Some(RecordState::Failed),
+            };
+            match record.state {
+                RecordState::InProgress => {}
+                state if Some(state) == target => return Ok(()), // a retried Fail
+                RecordState::Completed => {
+                    return Err(EngineError::precondition(
+                        PreconditionReason::AlreadyCompleted,
+                        "the key is already completed",
+                    ));
+                }
+                _ => return Err(not_in_progress(&record)),
+            }
+            let expected = Expected::matching(&record);
+            let outcome = match target {
+                None => self.store.delete_if(&id, &expected, now).await?,
+                Some(state) => {
+                    let mut failed = record.clone();
+                    failed.state = state;
+                    failed.reason = reason.to_string();
+                    failed.updated_at_ms = now;
+                    self.store.replace_if(&failed, &expected, now).await?
+                }
+            };
+            if let CasOutcome::Applied = outcome {
+                let to = target.map_or("released", RecordState::as_str);
+                self.transition(Transition::new(&record, "in_progress", to, started))
+                    .await;
+                self.waiters.wake(&id);
+                return Ok(());
+            }
+        }
+        Err(contention())
+    }
+
+    /// ExtendLease: push the holder's lease out (never past the expiry).
+    pub async fn extend_lease(
+        &self,
+        tenant: &str,
+        endpoint: &str,
+        key: &str,
+        lease_token: &str,
+        lease_ms: Option<i64>,
+    ) -> EngineResult<i64> {
+        let id = self.identity(tenant, endpoint, key)?;
+        validate::lease_token(lease_token)?;
+        let policy = self.policies.for_endpoint(endpoint);
+        let lease = validate::positive_duration("lease", lease_ms)?.unwrap_or(policy.lease);
+        if lease > policy.max_ttl {
+            return Err(EngineError::invalid(
+                "lease",
+                format!(
+                    "exceeds the endpoint's maximum ttl of {}",
+                    humantime::format_duration(policy.max_ttl)
+                ),
+            ));
+        }
+        for _ in 0..MAX_CAS_ROUNDS {
+            let now = self.now();
+            let Some(record) = self.fenced(&id, lease_token, now).await? else {
+                return Err(EngineError::NotFound(
+                    "no live claim for this key (it expired or was released)".to_string(),
+                ));
+            };
+            match record.state {
+                RecordState::InProgress => {}
+                RecordState::Completed => {
+                    return Err(EngineError::precondition(
+                        PreconditionReason::AlreadyCompleted,
+                        "the key is already completed",
+                    ));
+                }
+                _ => return Err(not_in_progress(&record)),
+            }
+            let mut extended = record.clone();
+            extended.lease_expires_at_ms = now.saturating_add(ms(lease)).min(record.expires_at_ms);
+            if let CasOutcome::Applied = self
+                .store
+                .replace_if(&extended, &Expected::matching(&record), now)
+                .await?
+            {
+                return Ok(extended.lease_expires_at_ms);
+            }
+        }
+        Err(contention())
+    }
+}

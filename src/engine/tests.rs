@@ -1,0 +1,474 @@
+//! The state machine, driven directly: an [`Engine`] over a [`MemoryStore`]
+//! with a [`ManualClock`]. No network, no disk, no sleeping; each test runs
+//! in microseconds. The gRPC suites (`tests/grpc_suite`) check the same
+//! behaviour end to end on the real backends.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::clock::ManualClock;
+use crate::store::memory::{MemoryStore, WriteFault};
+use crate::store::{RecordState, StoreError, StoredResponse};
+
+const TENANT: &str = "acme";
+const PAY: &str = "POST /v1/payments";
+const TAKEOVER: &str = "POST /v1/takeover";
+
+struct Harness {
+    engine: Engine,
+    clock: ManualClock,
+    store: Arc<MemoryStore>,
+}
+
+fn harness() -> Harness {
+    let clock = ManualClock::new(1_800_000_000_000);
+    let store = Arc::new(MemoryStore::new());
+    let mut policies = PolicySet::default();
+    policies.endpoints.insert(
+        TAKEOVER.to_string(),
+        Policy {
+            on_expired_lease: ExpiredLeasePolicy::Takeover,
+            ..Policy::default()
+        },
+    );
+    let engine = Engine::new(
+        store.clone(),
+        Arc::new(clock.clone()),
+        Arc::new(policies),
+        1024 * 1024,
+    );
+    Harness {
+        engine,
+        clock,
+        store,
+    }
+}
+
+fn input(endpoint: &str, key: &str, body: &str) -> ClaimInput {
+    ClaimInput {
+        endpoint: endpoint.to_string(),
+        key: key.to_string(),
+        fingerprint: FingerprintInput::Request {
+            method: "POST".to_string(),
+            path: "/v1/payments".to_string(),
+            body: body.as_bytes().to_vec(),
+            content_type: "application/json".to_string(),
+            ignore_fields: Vec::new(),
+        },
+        lease_ms: Some(10_000),
+        ttl_ms: None,
+        wait_ms: None,
+        attempt_id: String::new(),
+    }
+}
+
+fn response(body: &str) -> StoredResponse {
+    StoredResponse {
+        status: 201,
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: body.as_bytes().to_vec(),
+        body_ref: String::new(),
+    }
+}
+
+impl Harness {
+    async fn claim(&self, input: ClaimInput) -> ClaimOutcome {
+        self.engine
+            .claim(TENANT, input)
+            .await
+            .expect("claim")
+            .outcome
+    }
+
+    async fn claimed(&self, input: ClaimInput) -> Lease {
+        match self.claim(input).await {
+            ClaimOutcome::Claimed(lease) => lease,
+            other => panic!("expected claimed, got {other:?}"),
+        }
+    }
+
+    async fn complete(
+        &self,
+        endpoint: &str,
+        key: &str,
+        token: &str,
+        body: &str,
+    ) -> EngineResult<i64> {
+        self.engine
+            .complete(TENANT, endpoint, key, token, response(body))
+            .await
+    }
+}
+
+fn precondition(result: EngineResult<impl std::fmt::Debug>) -> PreconditionReason {
+    match result {
+        Err(EngineError::FailedPrecondition { reason, .. }) => reason,
+        other => panic!("expected a failed precondition, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn claim_complete_replay() {
+    let h = harness();
+    let lease = h.claimed(input(PAY, "k", "{\"a\":1}")).await;
+    assert_eq!(lease.attempt, 1);
+    assert_eq!(lease.lease_token.len(), 32, "128 bits, hex");
+    h.complete(PAY, "k", &lease.lease_token, "ok")
+        .await
+        .expect("complete");
+    // Key order in the body does not change the fingerprint (v1 is
+    // canonical JSON), so this is the same request.
+    match h.claim(input(PAY, "k", "{ \"a\" : 1 }")).await {
+        ClaimOutcome::Replayed { response: r, .. } => assert_eq!(r, response("ok")),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    // A retried Complete with the same response is a success; another
+    // response is refused.
+    h.complete(PAY, "k", &lease.lease_token, "ok")
+        .await
+        .expect("retried complete");
+    assert_eq!(
+        precondition(h.complete(PAY, "k", &lease.lease_token, "other").await),
+        PreconditionReason::AlreadyCompleted
+    );
+}
+
+#[tokio::test]
+async fn a_different_request_under_the_same_key_is_a_mismatch() {
+    let h = harness();
+    h.claimed(input(PAY, "k", "{\"a\":1}")).await;
+    assert_eq!(
+        h.claim(input(PAY, "k", "{\"a\":2}")).await,
+        ClaimOutcome::Mismatch
+    );
+    // The same key on another endpoint is another record.
+    h.claimed(input(TAKEOVER, "k", "{\"a\":2}")).await;
+}
+
+#[tokio::test]
+async fn a_duplicate_during_the_lease_is_in_progress_unless_it_is_the_same_attempt() {
+    let h = harness();
+    let mut first = input(PAY, "k", "{}");
+    first.attempt_id = "attempt-1".to_string();
+    let lease = h.claimed(first.clone()).await;
+    match h.claim(input(PAY, "k", "{}")).await {
+        ClaimOutcome::InProgress {
+            retry_after,
+            lease_expires_at_ms,
+        } => {
+            assert!(retry_after <= Duration::from_secs(1));
+            assert_eq!(lease_expires_at_ms, lease.lease_expires_at_ms);
+        }
+        other => panic!("expected in progress, got {other:?}"),
+    }
+    // The same Claim call retried after a lost answer gets its lease back.
+    assert_eq!(h.claimed(first).await, lease);
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_pending_under_reconcile_and_taken_over_under_takeover() {
+    let h = harness();
+    let old = h.claimed(input(PAY, "k", "{}")).await;
+    let old_takeover = h.claimed(input(TAKEOVER, "k", "{}")).await;
+    h.clock.advance(Duration::from_secs(11));
+
+    match h.claim(input(PAY, "k", "{}")).await {
+        ClaimOutcome::Pending { state, reason } => {
+            assert_eq!(state, RecordState::InProgress);
+            assert!(reason.contains("lease expired"), "{reason}");
+        }
+        other => panic!("expected pending, got {other:?}"),
+    }
+    // The late holder may still complete: nobody took the key over.
+    h.complete(PAY, "k", &old.lease_token, "late")
+        .await
+        .expect("the holder completes after its lease when nobody took over");
+
+    let new = h.claimed(input(TAKEOVER, "k", "{}")).await;
+    assert_eq!(new.attempt, 2);
+    assert_ne!(new.lease_token, old_takeover.lease_token);
+    assert_eq!(new.expires_at_ms, old_takeover.expires_at_ms, "same window");
+    // The old holder is fenced out.
+    assert_eq!(
+        precondition(
+            h.complete(TAKEOVER, "k", &old_takeover.lease_token, "stale")
+                .await
+        ),
+        PreconditionReason::LeaseLost
+    );
+    h.complete(TAKEOVER, "k", &new.lease_token, "fresh")
+        .await
+        .expect("the new holder completes");
+}
+
+#[tokio::test]
+async fn fail_release_frees_the_key_and_unknown_waits_for_a_verdict() {
+    let h = harness();
+    let lease = h.claimed(input(PAY, "released", "{}")).await;
+    h.engine
+        .fail(
+            TENANT,
+            PAY,
+            "released",
+            &lease.lease_token,
+            Some(Disposition::Release),
+            "",
+        )
+        .await
+        .expect("release");
+    assert_eq!(h.claimed(input(PAY, "released", "{}")).await.attempt, 1);
+
+    let lease = h.claimed(input(PAY, "unknown", "{}")).await;
+    h.engine
+        .fail(
+            TENANT,
+            PAY,
+            "unknown",
+            &lease.lease_token,
+            Some(Disposition::Unknown),
+            "timeout",
+        )
+        .await
+        .expect("unknown");
+    match h.claim(input(PAY, "unknown", "{}")).await {
+        ClaimOutcome::Pending { state, reason } => {
+            assert_eq!(state, RecordState::Unknown);
+            assert_eq!(reason, "timeout");
+        }
+        other => panic!("expected pending, got {other:?}"),
+    }
+    // Only Reconcile may decide it now.
+    assert_eq!(
+        precondition(h.complete(PAY, "unknown", &lease.lease_token, "x").await),
+        PreconditionReason::NotInProgress
+    );
+}
+
+#[tokio::test]
+async fn reconcile_verdicts() {
+    let h = harness();
+    let unknown = |key: &'static str| {
+        let h = &h;
+        async move {
+            let lease = h.claimed(input(PAY, key, "{}")).await;
+            h.engine
+                .fail(
+                    TENANT,
+                    PAY,
+                    key,
+                    &lease.lease_token,
+                    Some(Disposition::Unknown),
+                    "?",
+                )
+                .await
+                .expect("unknown");
+            lease
+        }
+    };
+
+    unknown("committed").await;
+    let result = h
+        .engine
+        .reconcile(
+            TENANT,
+            PAY,
+            "committed",
+            Some(Verdict::Committed(response("done"))),
+        )
+        .await
+        .expect("committed");
+    assert_eq!(result.record.map(|r| r.state), Some(RecordState::Completed));
+    assert!(matches!(
+        h.claim(input(PAY, "committed", "{}")).await,
+        ClaimOutcome::Replayed { .. }
+    ));
+
+    unknown("released").await;
+    let result = h
+        .engine
+        .reconcile(TENANT, PAY, "released", Some(Verdict::Released))
+        .await
+        .expect("released");
+    assert_eq!(result.record, None);
+    h.claimed(input(PAY, "released", "{}")).await;
+
+    unknown("failed").await;
+    h.engine
+        .reconcile(
+            TENANT,
+            PAY,
+            "failed",
+            Some(Verdict::Failed("card declined".into())),
+        )
+        .await
+        .expect("failed");
+    assert!(matches!(
+        h.claim(input(PAY, "failed", "{}")).await,
+        ClaimOutcome::Pending {
+            state: RecordState::Failed,
+            ..
+        }
+    ));
+
+    let old = unknown("takeover").await;
+    let result = h
+        .engine
+        .reconcile(
+            TENANT,
+            PAY,
+            "takeover",
+            Some(Verdict::Takeover { lease_ms: None }),
+        )
+        .await
+        .expect("takeover");
+    let lease = result.takeover.expect("a new lease");
+    assert_eq!(lease.attempt, 2);
+    assert_ne!(lease.lease_token, old.lease_token);
+    h.complete(PAY, "takeover", &lease.lease_token, "after takeover")
+        .await
+        .expect("the reconciler completes");
+
+    // A claim within its lease does not need a decision.
+    h.claimed(input(PAY, "running", "{}")).await;
+    assert_eq!(
+        precondition(
+            h.engine
+                .reconcile(TENANT, PAY, "running", Some(Verdict::Released))
+                .await
+        ),
+        PreconditionReason::NotPending
+    );
+}
+
+#[tokio::test]
+async fn list_pending_shows_what_needs_a_decision_oldest_first() {
+    let h = harness();
+    let first = h.claimed(input(PAY, "a", "{}")).await;
+    h.clock.advance(Duration::from_secs(1));
+    h.claimed(input(PAY, "b", "{}")).await;
+    let page = h
+        .engine
+        .list_pending(TENANT, PendingInput::default())
+        .await
+        .expect("list");
+    assert!(page.records.is_empty(), "both within their lease");
+    h.clock.advance(Duration::from_secs(20));
+    let page = h
+        .engine
+        .list_pending(
+            TENANT,
+            PendingInput {
+                page_size: 1,
+                ..PendingInput::default()
+            },
+        )
+        .await
+        .expect("list");
+    assert_eq!(page.records.len(), 1);
+    assert_eq!(page.records[0].lease_token, first.lease_token);
+    let next = h
+        .engine
+        .list_pending(
+            TENANT,
+            PendingInput {
+                page_size: 1,
+                page_token: page.next_page_token,
+                ..PendingInput::default()
+            },
+        )
+        .await
+        .expect("next page");
+    assert_eq!(next.records[0].id.key, "b");
+    // Other tenants see nothing.
+    let other = h
+        .engine
+        .list_pending("globex", PendingInput::default())
+        .await
+        .expect("list");
+    assert!(other.records.is_empty());
+}
+
+#[tokio::test]
+async fn keys_expire_with_their_window() {
+    let h = harness();
+    let mut short = input(PAY, "k", "{}");
+    short.ttl_ms = Some(60_000);
+    let lease = h.claimed(short.clone()).await;
+    h.complete(PAY, "k", &lease.lease_token, "ok")
+        .await
+        .expect("complete");
+    h.clock.advance(Duration::from_secs(61));
+    assert!(matches!(
+        h.engine.lookup(TENANT, PAY, "k").await,
+        Err(EngineError::NotFound(_))
+    ));
+    assert_eq!(h.claimed(short).await.attempt, 1, "a new window");
+    assert_eq!(h.engine.sweep_expired(100).await.expect("sweep"), 0);
+}
+
+#[tokio::test]
+async fn store_faults_are_errors_never_answers() {
+    let h = harness();
+    h.store.inject(WriteFault::Refuse(StoreError::Unavailable(
+        "injected".to_string(),
+    )));
+    assert!(matches!(
+        h.engine.claim(TENANT, input(PAY, "k", "{}")).await,
+        Err(EngineError::Store(StoreError::Unavailable(_)))
+    ));
+    assert!(h.store.is_empty(), "nothing written");
+    let lease = h.claimed(input(PAY, "k", "{}")).await;
+    // A Complete that was applied but not confirmed is reported as
+    // uncertain, never as done or failed; its retry then finds it done.
+    h.store.inject(WriteFault::AppliedButUncertain);
+    assert!(matches!(
+        h.complete(PAY, "k", &lease.lease_token, "ok").await,
+        Err(EngineError::Store(StoreError::Uncertain(_)))
+    ));
+    h.complete(PAY, "k", &lease.lease_token, "ok")
+        .await
+        .expect("the retry sees the completed record");
+    // An uncertain Claim hands out no lease. Its retry with the same
+    // attempt_id gets the lease that was written; anyone else is told the
+    // key is in progress.
+    let mut careful = input(PAY, "k2", "{}");
+    careful.attempt_id = "call-7".to_string();
+    h.store.inject(WriteFault::AppliedButUncertain);
+    assert!(matches!(
+        h.engine.claim(TENANT, careful.clone()).await,
+        Err(EngineError::Store(StoreError::Uncertain(_)))
+    ));
+    assert!(matches!(
+        h.claim(input(PAY, "k2", "{}")).await,
+        ClaimOutcome::InProgress { .. }
+    ));
+    let lease = h.claimed(careful).await;
+    h.complete(PAY, "k2", &lease.lease_token, "ok")
+        .await
+        .expect("the retried caller completes");
+}
+
+#[tokio::test]
+async fn invalid_input_names_the_field() {
+    let h = harness();
+    let mut bad = input(PAY, "k", "{}");
+    bad.key = "has space".to_string();
+    assert!(matches!(
+        h.engine.claim(TENANT, bad).await,
+        Err(EngineError::InvalidArgument { field, .. }) if field == "key"
+    ));
+    let mut bad = input(PAY, "k", "{}");
+    bad.lease_ms = Some(-1);
+    assert!(matches!(
+        h.engine.claim(TENANT, bad).await,
+        Err(EngineError::InvalidArgument { field, .. }) if field == "lease"
+    ));
+    let mut bad = input(PAY, "k", "{}");
+    bad.fingerprint = FingerprintInput::Sha256(vec![0; 31]);
+    assert!(matches!(
+        h.engine.claim(TENANT, bad).await,
+        Err(EngineError::InvalidArgument { field, .. }) if field == "sha256"
+    ));
+    assert!(h.store.is_empty());
+}

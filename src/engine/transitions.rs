@@ -1,0 +1,181 @@
+//! What every transition leaves behind: one structured event (never the
+//! raw key or body) and, for audited endpoints, an audit-log entry; and
+//! reading that audit log back (ListAuditEvents).
+
+use std::time::Instant;
+
+use super::{
+    AuditRequest, Engine, EngineError, EngineResult, PreconditionReason, key_hash, validate,
+};
+use crate::audit::{AuditCursor, AuditEvent, AuditQuery};
+use crate::store::Record;
+
+/// Default page of [`Engine::audit_events`].
+const DEFAULT_AUDIT_PAGE: usize = 100;
+
+impl Engine {
+    /// Emits the structured event of one transition (or replay) and, for
+    /// audited endpoints, appends it to the audit log. Never the raw key or
+    /// body. An audit append that fails is logged and counted, not returned:
+    /// the transition is already durable (see [`crate::audit`]).
+    pub(super) async fn transition(&self, change: Transition<'_>) {
+        let Transition {
+            record,
+            from,
+            to,
+            replayed,
+            started,
+        } = change;
+        let latency_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let fingerprint_prefix = hex::encode(record.fingerprint.get(..6).unwrap_or_default());
+        let status = record.response.as_ref().map_or(0, |r| r.status);
+        // Replays are not transitions and can be most of the traffic: they
+        // are logged at debug level (and audited like transitions).
+        macro_rules! event {
+            ($level:ident) => {
+                tracing::$level!(
+                    tenant = %record.id.tenant,
+                    endpoint = %record.id.endpoint,
+                    key_hash = %key_hash(&record.id),
+                    fingerprint = %fingerprint_prefix,
+                    from,
+                    to,
+                    replayed,
+                    attempt = record.attempt,
+                    status,
+                    latency_us,
+                    "state transition"
+                )
+            };
+        }
+        if replayed {
+            event!(debug);
+        } else {
+            event!(info);
+        }
+        let Some(audit) = &self.audit else {
+            return;
+        };
+        if !self.policies.for_endpoint(&record.id.endpoint).audit {
+            return;
+        }
+        let event = AuditEvent {
+            tenant: record.id.tenant.clone(),
+            endpoint: record.id.endpoint.clone(),
+            key_sha256: crate::audit::key_sha256(&record.id.key),
+            at_ms: self.now(),
+            event_id: crate::audit::new_event_id(),
+            from_state: from.to_string(),
+            to_state: to.to_string(),
+            replayed,
+            attempt: record.attempt,
+            response_status: status,
+            fingerprint_prefix,
+            latency_us,
+        };
+        if let Err(error) = audit.append(std::slice::from_ref(&event)).await {
+            metrics::counter!(crate::metrics::AUDIT_WRITE_ERRORS, "backend" => audit.backend_name())
+                .increment(1);
+            tracing::error!(
+                tenant = %event.tenant,
+                endpoint = %event.endpoint,
+                key_hash = %key_hash(&record.id),
+                to,
+                %error,
+                "audit append failed; the transition itself is durable"
+            );
+        }
+    }
+
+    /// A page of the tenant's audit events: one key's history when `key` is
+    /// set, else the tenant's timeline (optionally one endpoint's), oldest
+    /// first, starting after `page_token` or at `since_ms`.
+    pub async fn audit_events(
+        &self,
+        tenant: &str,
+        query: AuditRequest,
+    ) -> EngineResult<(Vec<AuditEvent>, Option<String>)> {
+        let Some(audit) = &self.audit else {
+            return Err(EngineError::precondition(
+                PreconditionReason::AuditDisabled,
+                "no endpoint is audited (set `audit = true` in an endpoint policy)",
+            ));
+        };
+        validate::tenant("tenant", tenant)?;
+        let endpoint = if query.endpoint.is_empty() {
+            None
+        } else {
+            validate::endpoint(&query.endpoint)?;
+            Some(query.endpoint)
+        };
+        let key_sha256 = if query.key.is_empty() {
+            None
+        } else {
+            if endpoint.is_none() {
+                return Err(EngineError::invalid(
+                    "endpoint",
+                    "is required when key is set (a key is only unique within its endpoint)",
+                ));
+            }
+            validate::key(&query.key)?;
+            Some(crate::audit::key_sha256(&query.key))
+        };
+        let limit = match query.page_size {
+            0 => DEFAULT_AUDIT_PAGE,
+            size if size > crate::audit::MAX_PAGE => {
+                return Err(EngineError::invalid(
+                    "page_size",
+                    format!("at most {}", crate::audit::MAX_PAGE),
+                ));
+            }
+            size => size,
+        };
+        let after = if query.page_token.is_empty() {
+            AuditCursor::before(query.since_ms.unwrap_or(0))
+        } else {
+            AuditCursor::from_token(&query.page_token).ok_or_else(|| {
+                EngineError::invalid("page_token", "not a token this server issued")
+            })?
+        };
+        let events = audit
+            .list(&AuditQuery {
+                tenant: tenant.to_string(),
+                endpoint,
+                key_sha256,
+                after,
+                limit,
+                now_ms: self.now(),
+            })
+            .await?;
+        let next = (events.len() == limit)
+            .then(|| events.last().map(|event| event.cursor().to_token()))
+            .flatten();
+        Ok((events, next))
+    }
+}
+
+/// What [`Engine::transition`] reports.
+pub(super) struct Transition<'a> {
+    /// The record after the transition (before it, for deletions).
+    record: &'a Record,
+    /// State before.
+    from: &'a str,
+    /// State (or verdict) after.
+    to: &'a str,
+    /// A Claim answered with the stored response.
+    pub(super) replayed: bool,
+    /// When the RPC entered the engine.
+    started: Instant,
+}
+
+impl<'a> Transition<'a> {
+    pub(super) fn new(record: &'a Record, from: &'a str, to: &'a str, started: Instant) -> Self {
+        Self {
+            record,
+            from,
+            to,
+            replayed: false,
+            started,
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! Checks that keep the architecture and the docs true, so that neither
+//! depends on a reviewer remembering:
+//!
+//! * no import cycle between modules of `src/`, at any depth (the module
+//!   tree reads like the architecture: `api` → `engine` → `store`, leaf
+//!   modules below); run alone with `cargo test --test it docs::`;
+//! * no file in `src/` longer than [`MAX_LINES`] unless its module docs
+//!   have a `# Length` section saying why;
+//! * every `pub mod` of `lib.rs` is in the module map of `docs/design.md`;
+//! * every flag of `idemd serve --help` is in a flag table (the README's,
+//!   or docs/scylla.md's for the CQL connection).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Longest file in `src/` without a `# Length` section in its module docs.
+const MAX_LINES: usize = 750;
+
+type Module = Vec<String>;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("read src")
+        .map(|entry| entry.expect("dir entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Every module of the library (file path → module path) with its source
+/// stripped of `//` comments (doc links name modules without importing
+/// them). `main.rs` is the binary, not part of the tree.
+fn modules() -> BTreeMap<Module, (PathBuf, String)> {
+    let src = root().join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut modules = BTreeMap::new();
+    for path in files {
+        let relative = path.strip_prefix(&src).expect("under src");
+        let mut parts: Vec<String> = relative
+            .with_extension("")
+            .iter()
+            .map(|part| part.to_string_lossy().to_string())
+            .collect();
+        if parts == ["main"] {
+            continue;
+        }
+        if parts
+            .last()
+            .is_some_and(|last| last == "mod" || last == "lib")
+        {
+            parts.pop();
+        }
+        let text = std::fs::read_to_string(&path).expect("read source");
+        let code: String = text
+            .lines()
+            .map(|line| line.split("//").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n");
+        modules.insert(parts, (path, code));
+    }
+    modules
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// The paths after each `prefix::` in `code`, brace groups expanded to the
+/// leading path of each item (`crate::{a::b, c}` gives `a::b` and `c`).
+fn paths_after(code: &str, prefix: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let needle = format!("{prefix}::");
+    let mut rest = code;
+    while let Some(at) = rest.find(&needle) {
+        let preceded_by_ident = rest[..at].chars().next_back().is_some_and(is_ident);
+        rest = &rest[at + needle.len()..];
+        if preceded_by_ident {
+            continue;
+        }
+        if let Some(group) = rest.strip_prefix('{') {
+            let mut depth = 1;
+            let end = group
+                .char_indices()
+                .find(|&(_, c)| {
+                    depth += match c {
+                        '{' => 1,
+                        '}' => -1,
+                        _ => 0,
+                    };
+                    depth == 0
+                })
+                .map_or(group.len(), |(i, _)| i);
+            let mut item_depth = 0;
+            let mut item = String::new();
+            for c in group[..end].chars().chain([',']) {
+                match c {
+                    '{' => item_depth += 1,
+                    '}' => item_depth -= 1,
+                    ',' if item_depth == 0 => {
+                        out.push(leading_path(&item));
+                        item.clear();
+                        continue;
+                    }
+                    _ => {}
+                }
+                item.push(c);
+            }
+        } else {
+            out.push(leading_path(rest));
+        }
+    }
+    out.retain(|path| !path.is_empty());
+    out
+}
+
+fn leading_path(text: &str) -> Vec<String> {
+    let text = text.trim_start();
+    let end = text
+        .char_indices()
+        .find(|&(_, c)| !(is_ident(c) || c == ':'))
+        .map_or(text.len(), |(i, _)| i);
+    text[..end]
+        .split("::")
+        .filter(|part| !part.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The deepest module that `path` (from the crate root) names.
+fn resolve(path: &[String], modules: &BTreeMap<Module, (PathBuf, String)>) -> Option<Module> {
+    (1..=path.len())
+        .rev()
+        .map(|n| path[..n].to_vec())
+        .find(|candidate| modules.contains_key(candidate))
+}
+
+/// Module → the modules it refers to, leaving out its ancestors and
+/// descendants (a parent declares its children; children use their
+/// parent's items: neither is a layering decision).
+fn import_graph(
+    modules: &BTreeMap<Module, (PathBuf, String)>,
+) -> BTreeMap<Module, BTreeSet<Module>> {
+    let mut graph: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
+    for (module, (_, code)) in modules {
+        // `super` of `a/b.rs` is `a`; of `a/b/mod.rs` it is `a` as well.
+        let parent: Module = module[..module.len().saturating_sub(1)].to_vec();
+        let mut targets: Vec<Module> = paths_after(code, "crate");
+        targets.extend(paths_after(code, "super").into_iter().map(|relative| {
+            let mut absolute = parent.clone();
+            absolute.extend(relative);
+            absolute
+        }));
+        for target in targets {
+            let Some(target) = resolve(&target, modules) else {
+                continue;
+            };
+            let related = target.starts_with(module) || module.starts_with(&target);
+            if !related {
+                graph.entry(module.clone()).or_default().insert(target);
+            }
+        }
+    }
+    graph
+}
+
+/// A cycle in the graph projected to modules `depth` segments deep, as a
+/// path `a -> b -> a`, if there is one.
+fn find_cycle(graph: &BTreeMap<Module, BTreeSet<Module>>, depth: usize) -> Option<Vec<Module>> {
+    let mut projected: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
+    for (from, targets) in graph {
+        for to in targets {
+            let (from, to) = (
+                from[..from.len().min(depth)].to_vec(),
+                to[..to.len().min(depth)].to_vec(),
+            );
+            if !(from.starts_with(&to) || to.starts_with(&from)) {
+                projected.entry(from).or_default().insert(to);
+            }
+        }
+    }
+    fn visit(
+        node: &Module,
+        graph: &BTreeMap<Module, BTreeSet<Module>>,
+        stack: &mut Vec<Module>,
+        done: &mut BTreeSet<Module>,
+    ) -> Option<Vec<Module>> {
+        if let Some(at) = stack.iter().position(|m| m == node) {
+            let mut cycle = stack[at..].to_vec();
+            cycle.push(node.clone());
+            return Some(cycle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        stack.push(node.clone());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(next, graph, stack, done) {
+                return Some(cycle);
+            }
+        }
+        stack.pop();
+        done.insert(node.clone());
+        None
+    }
+    let mut done = BTreeSet::new();
+    projected
+        .keys()
+        .find_map(|node| visit(node, &projected, &mut Vec::new(), &mut done))
+}
+
+fn show(cycle: &[Module]) -> String {
+    cycle
+        .iter()
+        .map(|m| m.join("::"))
+        .collect::<Vec<_>>()
+        .join(" -> ")
+}
+
+#[test]
+fn no_import_cycles_between_modules() {
+    let modules = modules();
+    assert!(modules.len() > 20, "found the source tree");
+    let graph = import_graph(&modules);
+    let deepest = modules.keys().map(Vec::len).max().unwrap_or(1);
+    for depth in 1..=deepest {
+        if let Some(cycle) = find_cycle(&graph, depth) {
+            panic!(
+                "import cycle between modules of src/ (depth {depth}): {}",
+                show(&cycle)
+            );
+        }
+    }
+}
+
+/// The checker itself finds what it must (a test that cannot fail proves
+/// nothing): two files importing each other, through `crate::` paths and
+/// brace groups.
+#[test]
+fn the_cycle_check_sees_a_cycle() {
+    let mut modules = BTreeMap::new();
+    let file = |name: &str, code: &str| (PathBuf::from(name), code.to_string());
+    modules.insert(vec![], file("lib.rs", "pub mod a; pub mod b;"));
+    modules.insert(vec!["a".into()], file("a.rs", "use crate::{b::{X, Y}};"));
+    modules.insert(vec!["b".into()], file("b.rs", "fn f() { crate::a::g(); }"));
+    modules.insert(vec!["c".into()], file("c.rs", "use super::a::Z;"));
+    let graph = import_graph(&modules);
+    assert_eq!(
+        graph.get(&vec!["c".to_string()]),
+        Some(&BTreeSet::from([vec!["a".to_string()]]))
+    );
+    let cycle = find_cycle(&graph, 1).expect("a cycle");
+    assert_eq!(show(&cycle), "a -> b -> a");
+}
+
+#[test]
+fn long_files_say_why() {
+    for (module, (path, _)) in modules() {
+        let text = std::fs::read_to_string(&path).expect("read");
+        let lines = text.lines().count();
+        let explained = text
+            .lines()
+            .take_while(|line| line.starts_with("//!") || line.trim().is_empty())
+            .any(|line| line.trim() == "//! # Length");
+        assert!(
+            lines <= MAX_LINES || explained,
+            "{} ({}) has {lines} lines: split it, or say why in a `# Length` section of its module docs",
+            path.display(),
+            module.join("::")
+        );
+    }
+}
+
+#[test]
+fn design_doc_maps_every_top_level_module() {
+    let lib = std::fs::read_to_string(root().join("src/lib.rs")).expect("lib.rs");
+    let design = std::fs::read_to_string(root().join("docs/design.md")).expect("design.md");
+    let missing: Vec<&str> = lib
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("pub mod "))
+        .map(|rest| rest.trim_end_matches(';'))
+        .filter(|name| !design.contains(&format!("| `{name}` |")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "modules missing from the module map of docs/design.md: {missing:?}"
+    );
+}
+
+#[test]
+fn every_serve_flag_is_documented() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_idemd"))
+        .args(["serve", "--help"])
+        .output()
+        .expect("run idemd serve --help");
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout);
+    let flags: BTreeSet<String> = help
+        .lines()
+        .filter_map(|line| {
+            let line = line.trim_start();
+            let line = line.strip_prefix("-h, ").unwrap_or(line);
+            line.starts_with("--").then(|| {
+                line.split(|c: char| c.is_whitespace() || c == '=' || c == '<')
+                    .next()
+                    .unwrap_or("")
+                    .to_string()
+            })
+        })
+        .filter(|flag| flag != "--help" && flag != "--version")
+        .collect();
+    assert!(flags.len() > 20, "parsed the help: {flags:?}");
+    let tables = ["README.md", "docs/scylla.md"]
+        .map(|doc| std::fs::read_to_string(root().join(doc)).expect("doc"))
+        .join("\n");
+    let missing: Vec<&String> = flags
+        .iter()
+        .filter(|flag| !tables.contains(&format!("| `{flag}` |")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "flags of `idemd serve --help` missing from the flag tables of README.md and docs/scylla.md: {missing:?}"
+    );
+}
