@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Longest file in `src/` without a `# Length` section in its module docs.
-const MAX_LINES: usize = 750;
+const MAX_LINES: usize = 700;
 
 type Module = Vec<String>;
 

@@ -75,7 +75,7 @@ pub use connection::{
     validate_keyspace,
 };
 use pending::{EntryVerdict, classify_entry, decode_token, encode_token, index_entry};
-use rows::NamedRow;
+use rows::{NamedRow, key_values, record_values, text_value, values};
 use statements::Statements;
 
 /// Milliseconds in a day: the width of one pending-index partition.
@@ -191,58 +191,6 @@ fn ttl_seconds(expires_at_ms: i64, now_ms: i64) -> i32 {
 
 pub(crate) fn day_of(instant_ms: i64) -> i32 {
     i32::try_from(instant_ms.div_euclid(DAY_MS)).unwrap_or(i32::MAX)
-}
-
-fn attempt_value(record: &Record) -> i32 {
-    i32::try_from(record.attempt).unwrap_or(i32::MAX)
-}
-
-/// Bound values of one statement. Plain tuples stop at 16 elements and do
-/// not flatten, and a conditional update binds 19 values.
-type Values = Vec<Option<CqlValue>>;
-
-fn text_value(value: &str) -> Option<CqlValue> {
-    Some(CqlValue::Text(value.to_string()))
-}
-
-/// The primary key columns.
-fn key_values(id: &RecordKey) -> Values {
-    vec![
-        text_value(&id.tenant),
-        text_value(&id.endpoint),
-        text_value(&id.key),
-    ]
-}
-
-/// The record columns in `RECORD_COLUMNS` order, the response sealed when
-/// there is a keyring.
-fn record_values(record: &Record, keyring: Option<&Keyring>) -> StoreResult<Values> {
-    let response = match &record.response {
-        Some(response) => Some(CqlValue::Blob(
-            super::response::seal(keyring, &record.id, response)
-                .map_err(|e| StoreError::Unavailable(e.to_string()))?,
-        )),
-        None => None,
-    };
-    Ok(vec![
-        text_value(record.state.as_str()),
-        Some(CqlValue::Blob(record.fingerprint.clone())),
-        Some(CqlValue::Int(attempt_value(record))),
-        text_value(&record.lease_token),
-        text_value(&record.attempt_id),
-        Some(CqlValue::BigInt(record.created_at_ms)),
-        Some(CqlValue::BigInt(record.updated_at_ms)),
-        Some(CqlValue::BigInt(record.lease_expires_at_ms)),
-        record.completed_at_ms.map(CqlValue::BigInt),
-        Some(CqlValue::BigInt(record.expires_at_ms)),
-        response,
-        text_value(&record.reason),
-    ])
-}
-
-/// Concatenates groups of bound values.
-fn values(groups: impl IntoIterator<Item = Values>) -> Values {
-    groups.into_iter().flatten().collect()
 }
 
 /// Whether `current` is exactly the state `written` put there: the fields a

@@ -1,4 +1,5 @@
-//! Reading CQL result rows by column name.
+//! Records to and from CQL values: the values a statement binds, and
+//! result rows read by column name.
 //!
 //! LWT results do not have one shape: ScyllaDB answers every conditional
 //! statement with `[applied]`, the primary key and the old values of the
@@ -15,7 +16,7 @@ use scylla::response::query_result::QueryResult;
 use scylla::value::{CqlValue, Row};
 
 use crate::crypto::Keyring;
-use crate::store::{Record, RecordKey, RecordState, StoreError, response};
+use crate::store::{Record, RecordKey, RecordState, StoreError, StoreResult, response};
 
 /// One result row: column name → value (`None` for NULL).
 pub type NamedRow = HashMap<String, Option<CqlValue>>;
@@ -148,6 +149,58 @@ pub fn record_from_row(
         response,
         reason: text(row, "reason")?.unwrap_or_default(),
     }))
+}
+
+fn attempt_value(record: &Record) -> i32 {
+    i32::try_from(record.attempt).unwrap_or(i32::MAX)
+}
+
+/// Bound values of one statement. Plain tuples stop at 16 elements and do
+/// not flatten, and a conditional update binds 19 values.
+pub(super) type Values = Vec<Option<CqlValue>>;
+
+pub(super) fn text_value(value: &str) -> Option<CqlValue> {
+    Some(CqlValue::Text(value.to_string()))
+}
+
+/// The primary key columns.
+pub(super) fn key_values(id: &RecordKey) -> Values {
+    vec![
+        text_value(&id.tenant),
+        text_value(&id.endpoint),
+        text_value(&id.key),
+    ]
+}
+
+/// The record columns in [`super::statements::RECORD_COLUMNS`] order, the response sealed when
+/// there is a keyring.
+pub(super) fn record_values(record: &Record, keyring: Option<&Keyring>) -> StoreResult<Values> {
+    let response = match &record.response {
+        Some(response) => Some(CqlValue::Blob(
+            response::seal(keyring, &record.id, response)
+                .map_err(|e| StoreError::Unavailable(e.to_string()))?,
+        )),
+        None => None,
+    };
+    Ok(vec![
+        text_value(record.state.as_str()),
+        Some(CqlValue::Blob(record.fingerprint.clone())),
+        Some(CqlValue::Int(attempt_value(record))),
+        text_value(&record.lease_token),
+        text_value(&record.attempt_id),
+        Some(CqlValue::BigInt(record.created_at_ms)),
+        Some(CqlValue::BigInt(record.updated_at_ms)),
+        Some(CqlValue::BigInt(record.lease_expires_at_ms)),
+        record.completed_at_ms.map(CqlValue::BigInt),
+        Some(CqlValue::BigInt(record.expires_at_ms)),
+        response,
+        text_value(&record.reason),
+    ])
+}
+
+/// Concatenates groups of bound values.
+pub(super) fn values(groups: impl IntoIterator<Item = Values>) -> Values {
+    groups.into_iter().flatten().collect()
 }
 
 #[cfg(test)]
