@@ -11,7 +11,7 @@ IDEMD_BIN ?= $(TARGET_DIR)/debug/idemd
 IDEMD_TEST_CERTS ?= $(TARGET_DIR)/test-certs
 SDKS := python go typescript java
 
-.PHONY: all build release test fmt-check clippy cargo-test cql-test observability-test helm-test sdk-test $(addprefix sdk-,$(SDKS)) test-certs fuzz-smoke deny bench bench-smoke bench-soak run clean
+.PHONY: all build release test fmt-check clippy cargo-test cql-test observability-test helm-test sdk-test $(addprefix sdk-,$(SDKS)) test-certs fuzz-smoke deny bench bench-smoke bench-soak faults faults-smoke run clean
 
 all: build
 
@@ -22,7 +22,7 @@ release:
 	$(CARGO) build --release
 
 ## test: everything CI checks, from a fresh machine.
-test: fmt-check clippy deny cargo-test cql-test observability-test helm-test sdk-test bench-smoke fuzz-smoke
+test: fmt-check clippy deny cargo-test cql-test observability-test helm-test sdk-test bench-smoke faults-smoke fuzz-smoke
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -104,6 +104,22 @@ bench-smoke:
 		--p5-inflight 0 --no-open-loop --idemd-bin $(TARGET_DIR)/debug/idemd \
 		--ghz "$$tools/ghz" --go-sdk-loop "$$tools/bench-go-loop" --client-calls 50 --ghz-duration 3s \
 		--out-dir $(TARGET_DIR)/bench-smoke
+
+## faults-smoke: the short fault-injection profile (faults/, docs/reliability.md):
+## 10 kill -9 cycles, 2 SIGSTOP pauses, a torn log tail and a damaged database
+## file under careful clients, checked for double execution, lost writes and
+## claims, wrong replays and unanswered calls. About 30 s.
+faults-smoke:
+	$(CARGO) test -p idemd-faults
+	$(CARGO) build -p idemd -p idemd-faults
+	$(TARGET_DIR)/debug/idemd-faults --profile short --idemd-bin $(TARGET_DIR)/debug/idemd
+
+## faults: the full profile (100 kill -9 cycles, 12 clients, release build);
+## the figures of docs/reliability.md come from it. A few minutes.
+faults:
+	$(CARGO) build --release -p idemd -p idemd-faults
+	$(TARGET_DIR)/release/idemd-faults --profile full --idemd-bin $(TARGET_DIR)/release/idemd \
+		--json $(TARGET_DIR)/faults.json
 
 ## bench-soak: P5's soak: idemd-embedded, mixed workload, open loop at 50% of
 ## the measured maximum for $(SOAK); fails on errors or RSS growth.

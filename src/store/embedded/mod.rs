@@ -167,6 +167,36 @@ impl std::fmt::Debug for EmbeddedStore {
     }
 }
 
+/// Runs `read` (redb opening or checking the file at start-up) and turns a
+/// panic into the error of a damaged file. redb panics on some damaged files
+/// (e.g. "Malformed allocator state") instead of returning an error; without
+/// this idemd would die with a backtrace instead of a message an operator
+/// can act on. The panic hook is silenced meanwhile (start-up runs this
+/// before any other thread of the store exists) and the panic is logged.
+fn without_panics<T>(path: &Path, read: impl FnOnce() -> T) -> StoreResult<T> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(read));
+    std::panic::set_hook(hook);
+    result.map_err(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unreadable".to_string());
+        tracing::error!(path = %path.display(), panic = %what, "redb panicked reading the database file");
+        damaged_because(path, &what)
+    })
+}
+
+/// The error of a damaged database file: names it and says what to do.
+fn damaged_because(path: &Path, what: &str) -> StoreError {
+    StoreError::Corrupt(format!(
+        "the database file {} is damaged ({what}); idemd will not serve from it: restore the data directory from a backup",
+        path.display()
+    ))
+}
+
 fn storage_error(context: &str, error: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("{context}: {error}"))
 }
@@ -183,16 +213,50 @@ impl EmbeddedStore {
             )
         })?;
         let path = options.data_dir.join(DATABASE_FILE);
-        let database = Database::builder()
-            .set_cache_size(options.cache_bytes)
-            .create(&path)
-            .map_err(|e| match e {
-                redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Unavailable(format!(
-                    "{} is already open in another process (the embedded store allows one owner)",
-                    path.display()
-                )),
-                other => storage_error(&format!("cannot open {}", path.display()), other),
-            })?;
+        // redb panics on some damaged files (e.g. "Malformed allocator
+        // state") instead of returning an error: turned into an error that
+        // names the file, so idemd refuses to start with a message an
+        // operator can act on rather than a panic and a backtrace.
+        let opened = without_panics(&path, || {
+            Database::builder()
+                .set_cache_size(options.cache_bytes)
+                .create(&path)
+        })?;
+        let mut database = opened.map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Unavailable(format!(
+                "{} is already open in another process (the embedded store allows one owner)",
+                path.display()
+            )),
+            // A file redb cannot make sense of, or shorter than its own
+            // metadata says: damaged, not a passing outage.
+            redb::DatabaseError::Storage(redb::StorageError::Corrupted(what)) => {
+                damaged_because(&path, &what)
+            }
+            redb::DatabaseError::Storage(redb::StorageError::Io(io))
+                if io.kind() == std::io::ErrorKind::UnexpectedEof =>
+            {
+                damaged_because(&path, &io.to_string())
+            }
+            other => storage_error(&format!("cannot open {}", path.display()), other),
+        })?;
+        // redb verifies page checksums only here, not on every read: a
+        // damaged page would otherwise be served as a record (the fault
+        // suite's corrupt-page scenario served altered response bodies).
+        // So every open checks the whole file, and a file that fails is
+        // refused, even one redb could "repair": its repair drops what it
+        // cannot read, which may be acknowledged records. The cost is one
+        // read of the file at start (docs/reliability.md has the figure).
+        let verified = without_panics(&path, || database.check_integrity())?;
+        match verified {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(damaged_because(
+                    &path,
+                    "it failed redb's integrity check (redb repaired it, possibly dropping records)",
+                ));
+            }
+            Err(error) => return Err(damaged_because(&path, &error.to_string())),
+        }
         let database = Arc::new(database);
         // Create the tables up front so that read transactions never see a
         // missing table.
@@ -213,7 +277,7 @@ impl EmbeddedStore {
         // Opened only now that redb holds the file lock: one owner for both.
         let mut wal = wal::Wal::open(&options.data_dir)
             .map_err(|e| storage_error("cannot open the write-ahead log", e))?;
-        let seq = recovery::recover(&database, &wal)?;
+        let seq = without_panics(&path, || recovery::recover(&database, &wal))??;
         // Everything replayed is durable in redb now: the log starts over.
         wal.reset();
 

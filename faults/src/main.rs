@@ -1,0 +1,152 @@
+//! `idemd-faults`: the fault-injection suite (issue 14).
+//!
+//! Runs idemd (a real process, the embedded store in a temp dir) under
+//! careful clients while injecting one fault per scenario, heals it, and
+//! checks the history with one checker (`history.rs`): no key with two
+//! holders, nothing acknowledged lost, no claim lost, replays true, every
+//! call answered once healed. `make faults` runs the full profile; the short
+//! profile is part of `make test`. Results and what each scenario checks:
+//! docs/reliability.md.
+//!
+//! # Layout
+//!
+//! * `history`: what the clients saw, and the checker.
+//! * `workload`: the careful client, run by many workers.
+//! * `server`: the idemd process, started, killed, paused, restarted.
+//! * `scenarios`: one function per fault.
+
+mod history;
+mod scenarios;
+mod server;
+mod workload;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::Parser;
+
+use scenarios::{Profile, Report};
+use workload::Load;
+
+/// Command line of `idemd-faults`.
+#[derive(Debug, Parser)]
+#[command(name = "idemd-faults", about = "Fault-injection suite for idemd")]
+struct Args {
+    /// `short` (seconds, inside `make test`) or `full` (`make faults`).
+    #[arg(long, value_enum, default_value_t = Profile::Short)]
+    profile: Profile,
+    /// The idemd binary under test.
+    #[arg(long)]
+    idemd_bin: PathBuf,
+    /// Only these scenarios (kill9, pause, torn-wal, corrupt-page).
+    #[arg(long, value_delimiter = ',')]
+    scenarios: Vec<String>,
+    /// Writes the reports here as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Keeps each server's log here (default: a temp dir, removed).
+    #[arg(long)]
+    log_dir: Option<PathBuf>,
+}
+
+fn print(report: &Report) {
+    let v = &report.verdict;
+    let calls: u64 = v.statuses.values().flat_map(|codes| codes.values()).sum();
+    eprintln!(
+        "idemd-faults: {:<12} {} in {:.1}s: {} RPCs, {} keys, {} acked, lost {}, double {}, wrong replays {}, undecided {}, unexpected {}, data loss {}",
+        report.scenario,
+        if report.passed() { "PASS" } else { "FAIL" },
+        report.seconds,
+        calls,
+        v.keys,
+        v.acked,
+        v.lost.len(),
+        v.double.len(),
+        v.wrong_replays.len(),
+        v.undecided,
+        v.unexpected.len(),
+        v.data_loss,
+    );
+    for (phase, codes) in &v.statuses {
+        let codes: Vec<String> = codes
+            .iter()
+            .map(|(code, n)| format!("{code} {n}"))
+            .collect();
+        eprintln!("idemd-faults:   phase {phase:<9} {}", codes.join(", "));
+    }
+    if !report.recovery_ms.is_empty() {
+        let mut sorted = report.recovery_ms.clone();
+        sorted.sort_unstable();
+        eprintln!(
+            "idemd-faults:   recovery: {} faults, median {} ms, max {} ms",
+            sorted.len(),
+            sorted[sorted.len() / 2],
+            sorted[sorted.len() - 1]
+        );
+    }
+    for note in &report.notes {
+        eprintln!("idemd-faults:   note: {note}");
+    }
+    for problem in v
+        .double
+        .iter()
+        .chain(&v.lost)
+        .chain(&v.wrong_replays)
+        .chain(&v.unexpected)
+        .take(10)
+    {
+        eprintln!("idemd-faults:   problem: {problem}");
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let (workers, cycles, pauses) = match args.profile {
+        Profile::Short => (6, 10, 2),
+        Profile::Full => (12, 100, 5),
+    };
+    let load = Load {
+        workers,
+        rpc_timeout: Duration::from_millis(500),
+        heal_budget: Duration::from_secs(30),
+    };
+    let temp = tempfile::tempdir()?;
+    let log_dir = args
+        .log_dir
+        .clone()
+        .unwrap_or_else(|| temp.path().to_path_buf());
+    std::fs::create_dir_all(&log_dir)?;
+    let wanted = |name: &str| args.scenarios.is_empty() || args.scenarios.iter().any(|s| s == name);
+    let bin = &args.idemd_bin;
+    let mut reports = Vec::new();
+    if wanted("kill9") {
+        reports.push(scenarios::kill9(bin, &load, &log_dir, cycles).await?);
+        print(reports.last().expect("pushed"));
+    }
+    if wanted("pause") {
+        reports.push(scenarios::pause(bin, &load, &log_dir, pauses).await?);
+        print(reports.last().expect("pushed"));
+    }
+    if wanted("torn-wal") {
+        reports.push(scenarios::torn_wal(bin, &load, &log_dir).await?);
+        print(reports.last().expect("pushed"));
+    }
+    if wanted("corrupt-page") {
+        reports.push(scenarios::corrupt_page(bin, &load, &log_dir).await?);
+        print(reports.last().expect("pushed"));
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&reports)?)?;
+    }
+    let failed: Vec<&str> = reports
+        .iter()
+        .filter(|r| !r.passed())
+        .map(|r| r.scenario.as_str())
+        .collect();
+    if !failed.is_empty() {
+        bail!("scenarios failed: {}", failed.join(", "));
+    }
+    Ok(())
+}

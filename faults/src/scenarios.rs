@@ -1,0 +1,342 @@
+//! The faults, one function each. Every scenario runs the careful clients
+//! against a server, injects its fault, heals it, and hands the history to
+//! the shared checker (`history.rs`).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+
+use crate::history::{History, Verdict};
+use crate::server::{Server, tail};
+use crate::workload::{self, Load};
+
+/// How much of each fault a run injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Profile {
+    /// The subset inside `make test`: seconds per scenario.
+    Short,
+    /// `make faults`: minutes.
+    Full,
+}
+
+/// The outcome of one scenario.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// Scenario name.
+    pub scenario: String,
+    /// What was injected, in words.
+    pub injected: String,
+    /// The checker's findings.
+    pub verdict: Verdict,
+    /// Restart (or recovery) times in ms, one per fault.
+    pub recovery_ms: Vec<u64>,
+    /// Anything else worth reporting (a refused start's message).
+    pub notes: Vec<String>,
+    /// Wall time of the scenario.
+    pub seconds: f64,
+}
+
+impl Report {
+    /// Whether the scenario passed.
+    pub fn passed(&self) -> bool {
+        self.verdict.passed()
+    }
+}
+
+/// What every scenario starts from: a server, the history, the workers.
+struct Run {
+    server: Server,
+    history: Arc<History>,
+    /// Where the workers connect (the server keeps its address).
+    _address: Arc<RwLock<String>>,
+    stop: Arc<AtomicBool>,
+    workers: Option<tokio::task::JoinHandle<()>>,
+    started: Instant,
+    _dir: tempfile::TempDir,
+}
+
+impl Run {
+    async fn start(
+        bin: &std::path::Path,
+        load: &Load,
+        log_dir: &std::path::Path,
+    ) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let mut server = Server::new(bin, &dir.path().join("data"), log_dir)?;
+        server.start().await?;
+        let history = Arc::new(History::default());
+        history.phase("load");
+        let address = Arc::new(RwLock::new(server.address.clone()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let workers = tokio::spawn(workload::run(
+            Arc::clone(&address),
+            load.clone(),
+            Arc::clone(&history),
+            Arc::clone(&stop),
+        ));
+        Ok(Self {
+            server,
+            history,
+            _address: address,
+            stop,
+            workers: Some(workers),
+            started: Instant::now(),
+            _dir: dir,
+        })
+    }
+
+    /// Healed: a second of load without faults, then every worker finishes
+    /// its call; then the final reads and the verdict.
+    async fn finish(
+        mut self,
+        name: &str,
+        injected: String,
+        recovery_ms: Vec<u64>,
+        notes: Vec<String>,
+        tolerate_data_loss: bool,
+    ) -> anyhow::Result<Report> {
+        self.history.phase("healed");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(workers) = self.workers.take() {
+            workers.await?;
+        }
+        self.history.phase("check");
+        let finals = workload::finals(&self.server.address, &self.history).await?;
+        let verdict = self.history.verdict(&finals, tolerate_data_loss);
+        let _ = self.server.stop().await;
+        Ok(Report {
+            scenario: name.to_string(),
+            injected,
+            verdict,
+            recovery_ms,
+            notes,
+            seconds: self.started.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `kill -9` of the server every few hundred ms under load, `cycles` times,
+/// each followed by a restart on the same data directory.
+pub async fn kill9(
+    bin: &std::path::Path,
+    load: &Load,
+    log_dir: &std::path::Path,
+    cycles: usize,
+) -> anyhow::Result<Report> {
+    let mut run = Run::start(bin, load, log_dir).await?;
+    let mut recovery = Vec::new();
+    for _ in 0..cycles {
+        tokio::time::sleep(Duration::from_millis(200 + rand::random::<u64>() % 600)).await;
+        run.server.kill9().await?;
+        recovery.push(millis(run.server.start().await?));
+    }
+    run.finish(
+        "kill9",
+        format!("{cycles} × SIGKILL under load, restart on the same data dir"),
+        recovery,
+        Vec::new(),
+        false,
+    )
+    .await
+}
+
+/// SIGSTOP for longer than the clients' RPC deadline, then SIGCONT.
+pub async fn pause(
+    bin: &std::path::Path,
+    load: &Load,
+    log_dir: &std::path::Path,
+    pauses: usize,
+) -> anyhow::Result<Report> {
+    let mut run = Run::start(bin, load, log_dir).await?;
+    let mut recovery = Vec::new();
+    let stopped_for = load.rpc_timeout * 3;
+    for _ in 0..pauses {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        run.history.phase("paused");
+        run.server.signal("STOP").await?;
+        tokio::time::sleep(stopped_for).await;
+        run.server.signal("CONT").await?;
+        run.history.phase("resumed");
+        // Recovered once a fresh call is answered by the store.
+        recovery.push(millis(run.server.wait_ready(Instant::now()).await?));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        run.history.phase("load");
+    }
+    run.finish(
+        "pause",
+        format!(
+            "{pauses} × SIGSTOP for {} ms (3× the clients' RPC deadline), then SIGCONT",
+            millis(stopped_for)
+        ),
+        recovery,
+        Vec::new(),
+        false,
+    )
+    .await
+}
+
+/// The offset where the write-ahead log's current frames end (see
+/// `idemd::store::embedded::wal` for the format): frames are followed while
+/// their sequence numbers are consecutive; what follows is stale.
+fn wal_end(bytes: &[u8]) -> anyhow::Result<(usize, u64)> {
+    if bytes.len() < 16 || &bytes[..8] != b"IDEMDWAL" {
+        bail!("not an idemd write-ahead log");
+    }
+    let mut at = 16;
+    let mut last: Option<u64> = None;
+    while at + 16 <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into()?) as usize;
+        let seq = u64::from_le_bytes(bytes[at + 8..at + 16].try_into()?);
+        if at + 16 + len > bytes.len() || last.is_some_and(|last| seq != last + 1) {
+            break;
+        }
+        last = Some(seq);
+        at += 16 + len;
+    }
+    Ok((at, last.unwrap_or(0)))
+}
+
+/// `kill -9` under load, then a torn append written where the log's frames
+/// end (what a power cut in the middle of an unacknowledged append leaves):
+/// the server must start, keep every acknowledged write and ignore the torn
+/// frame.
+pub async fn torn_wal(
+    bin: &std::path::Path,
+    load: &Load,
+    log_dir: &std::path::Path,
+) -> anyhow::Result<Report> {
+    let mut run = Run::start(bin, load, log_dir).await?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    run.server.kill9().await?;
+    let path = run.server.data_dir.join("idemd.wal");
+    let mut bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    let (end, last) = wal_end(&bytes)?;
+    // A frame header claiming the next sequence and 4 KiB, a bad checksum,
+    // and only 100 bytes of payload.
+    let mut torn = Vec::new();
+    torn.extend_from_slice(&0xdead_beef_u32.to_le_bytes());
+    torn.extend_from_slice(&4096u32.to_le_bytes());
+    torn.extend_from_slice(&(last + 1).to_le_bytes());
+    torn.extend(std::iter::repeat_n(0xa5u8, 100));
+    bytes.truncate(end);
+    bytes.extend_from_slice(&torn);
+    std::fs::write(&path, &bytes)?;
+    let recovery = vec![millis(run.server.start().await?)];
+    run.finish(
+        "torn-wal",
+        format!(
+            "SIGKILL, then a torn frame (seq {}) written at the log's end, offset {end}",
+            last + 1
+        ),
+        recovery,
+        Vec::new(),
+        false,
+    )
+    .await
+}
+
+/// A clean stop, then bytes of the database file overwritten in several
+/// pages: the server must refuse to start with a message that says what is
+/// wrong, or answer `DATA_LOSS` for what it cannot read, and never serve a
+/// wrong response or hand out a key that was taken.
+pub async fn corrupt_page(
+    bin: &std::path::Path,
+    load: &Load,
+    log_dir: &std::path::Path,
+) -> anyhow::Result<Report> {
+    let mut run = Run::start(bin, load, log_dir).await?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    run.history.phase("stopping");
+    // Stop the clients first: the check must see what was acknowledged
+    // before the file was damaged, nothing later.
+    run.stop.store(true, Ordering::Relaxed);
+    if let Some(workers) = run.workers.take() {
+        workers.await?;
+    }
+    run.server.stop().await?;
+    let path = run.server.data_dir.join("idemd.redb");
+    let mut bytes = std::fs::read(&path)?;
+    let pages = bytes.len() / 4096;
+    let mut damaged = Vec::new();
+    // Every fourth page past the header pages, 512 bytes in each.
+    for page in (2..pages).step_by(4) {
+        let at = page * 4096 + 1024;
+        for byte in &mut bytes[at..at + 512] {
+            *byte ^= 0x5a;
+        }
+        damaged.push(page);
+    }
+    std::fs::write(&path, &bytes)?;
+    let mut notes = vec![format!("{} of {pages} pages damaged", damaged.len())];
+    let exit = run
+        .server
+        .start_expecting_exit(Duration::from_secs(5))
+        .await?;
+    let (recovery, tolerate) = match exit {
+        Some(status) => {
+            let log = run.server.log();
+            let message = log
+                .lines()
+                .rev()
+                .find(|line| line.starts_with("idemd:"))
+                .unwrap_or_default()
+                .to_string();
+            notes.push(format!("refused to start ({status}): {message}"));
+            if status.success() {
+                bail!("idemd exited 0 on a corrupt database");
+            }
+            // A refusal must say what is wrong and where, not panic.
+            if !(message.contains("damaged") || message.contains("corrupt"))
+                || log.contains("panicked at")
+            {
+                run.history.unexpected(format!(
+                    "refused to start without a clear message: {}",
+                    tail(&log)
+                ));
+            }
+            // Nothing served, nothing wrong: the verdict has no finals to
+            // compare, so only what the clients saw before counts.
+            let verdict = run.history.verdict(&Default::default(), true);
+            return Ok(Report {
+                scenario: "corrupt-page".into(),
+                injected:
+                    "clean stop, then 512 bytes overwritten in every fourth page of idemd.redb"
+                        .into(),
+                verdict: Verdict {
+                    lost: Vec::new(),
+                    ..verdict
+                },
+                recovery_ms: Vec::new(),
+                notes,
+                seconds: run.started.elapsed().as_secs_f64(),
+            });
+        }
+        None => {
+            notes.push(
+                "started on the damaged file; unreadable records must answer DATA_LOSS".into(),
+            );
+            (Vec::new(), true)
+        }
+    };
+    run.history.phase("check");
+    let finals = workload::finals(&run.server.address, &run.history).await?;
+    let verdict = run.history.verdict(&finals, tolerate);
+    let _ = run.server.stop().await;
+    Ok(Report {
+        scenario: "corrupt-page".into(),
+        injected: "clean stop, then 512 bytes overwritten in every fourth page of idemd.redb"
+            .into(),
+        verdict,
+        recovery_ms: recovery,
+        notes,
+        seconds: run.started.elapsed().as_secs_f64(),
+    })
+}

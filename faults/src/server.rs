@@ -1,0 +1,175 @@
+//! An `idemd` process on the embedded store that scenarios kill, pause and
+//! restart on the same address and data directory.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use idemd::proto::v1 as pb;
+use idemd::proto::v1::idempotency_client::IdempotencyClient;
+use tokio::process::{Child, Command};
+use tonic::Code;
+
+use crate::workload::{ENDPOINT, TENANT, channel};
+
+/// The server under test.
+pub struct Server {
+    /// The binary.
+    bin: PathBuf,
+    /// Its data directory, kept across restarts.
+    pub data_dir: PathBuf,
+    /// `127.0.0.1:port`, kept across restarts.
+    pub address: String,
+    /// Where each run's stderr goes (`server-N.log`).
+    log_dir: PathBuf,
+    /// Runs started so far (names the logs).
+    runs: usize,
+    /// The running process, if any.
+    child: Option<Child>,
+}
+
+/// A port nobody listens on now (the kernel's pick, then released).
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+impl Server {
+    /// A server that is not started yet.
+    pub fn new(bin: &Path, data_dir: &Path, log_dir: &Path) -> anyhow::Result<Self> {
+        Ok(Self {
+            bin: bin.to_path_buf(),
+            data_dir: data_dir.to_path_buf(),
+            address: format!("127.0.0.1:{}", free_port()?),
+            log_dir: log_dir.to_path_buf(),
+            runs: 0,
+            child: None,
+        })
+    }
+
+    /// Starts the process and waits until it answers with its store open;
+    /// returns how long that took. Fails (with the end of its log) if the
+    /// process exits first.
+    pub async fn start(&mut self) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        self.spawn()?;
+        self.wait_ready(started).await
+    }
+
+    /// Starts the process without waiting.
+    pub fn spawn(&mut self) -> anyhow::Result<()> {
+        self.runs += 1;
+        let log = std::fs::File::create(self.log_path(self.runs))?;
+        let child = Command::new(&self.bin)
+            .args(["--listen", &self.address, "--metrics-listen", "off"])
+            .args(["--log-format", "json", "--data-dir"])
+            .arg(&self.data_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", self.bin.display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    fn log_path(&self, run: usize) -> PathBuf {
+        self.log_dir.join(format!("server-{run}.log"))
+    }
+
+    /// The stderr of the current (or last) run.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path(self.runs)).unwrap_or_default()
+    }
+
+    /// Waits until the server answers with its store open; the time since
+    /// `started`.
+    pub async fn wait_ready(&mut self, started: Instant) -> anyhow::Result<Duration> {
+        let mut client = IdempotencyClient::new(channel(&self.address, Duration::from_secs(1))?);
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                bail!(
+                    "idemd exited with {status} while starting: {}",
+                    tail(&self.log())
+                );
+            }
+            let mut probe = tonic::Request::new(pb::LookupRequest {
+                endpoint: ENDPOINT.to_string(),
+                key: "ready-probe".to_string(),
+                include_response: false,
+            });
+            probe
+                .metadata_mut()
+                .insert("x-tenant-id", TENANT.parse().expect("ascii"));
+            match client.lookup(probe).await {
+                // The store answered: open.
+                Err(status) if status.code() == Code::NotFound => return Ok(started.elapsed()),
+                Ok(_) => return Ok(started.elapsed()),
+                Err(_) if started.elapsed() < Duration::from_secs(60) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err(status) => bail!("idemd not ready after 60 s: {status}"),
+            }
+        }
+    }
+
+    /// SIGKILL, and waits until the process is gone.
+    pub async fn kill9(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill().await?;
+        }
+        Ok(())
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`, `TERM`) to the process.
+    pub async fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let pid = self
+            .child
+            .as_ref()
+            .and_then(Child::id)
+            .context("no running idemd")?;
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .await?;
+        if !status.success() {
+            bail!("kill -{signal} {pid} failed");
+        }
+        Ok(())
+    }
+
+    /// SIGTERM, then waits for the exit (a graceful stop).
+    pub async fn stop(&mut self) -> anyhow::Result<std::process::ExitStatus> {
+        self.signal("TERM").await?;
+        let mut child = self.child.take().context("no running idemd")?;
+        Ok(tokio::time::timeout(Duration::from_secs(30), child.wait()).await??)
+    }
+
+    /// Starts the process and waits for it to exit on its own within
+    /// `timeout` (a start that must be refused); `None` if it kept running.
+    pub async fn start_expecting_exit(
+        &mut self,
+        timeout: Duration,
+    ) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        self.spawn()?;
+        let child = self.child.as_mut().context("spawned")?;
+        match tokio::time::timeout(timeout, child.wait()).await {
+            Ok(status) => {
+                self.child = None;
+                Ok(Some(status?))
+            }
+            Err(_) => Ok(None),
+        }
+    }
+}
+
+/// The last lines of a log, for error messages.
+pub fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(5)..].join("\n")
+}

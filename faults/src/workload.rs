@@ -1,0 +1,295 @@
+//! The careful client: what a service that uses idemd correctly does, run
+//! by many workers at once while faults are injected.
+//!
+//! Each logical call Claims with an `attempt_id` of its own and retries the
+//! same Claim on every transport error or `UNAVAILABLE` (the server may have
+//! applied it); when it wins, it Completes with a response derived from its
+//! lease token and retries that same Complete until it is acknowledged.
+//! About 30% of calls go to keys that several workers claim at once, so
+//! exclusivity is exercised under the fault, not only durability.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use idemd::proto::v1 as pb;
+use idemd::proto::v1::idempotency_client::IdempotencyClient;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request};
+
+use crate::history::{Final, History, response_body};
+
+/// The tenant every scenario uses (auth is off).
+pub const TENANT: &str = "faults";
+/// The endpoint every scenario uses.
+pub const ENDPOINT: &str = "POST /v1/faults";
+
+/// Settings shared by the workers of one scenario.
+#[derive(Debug, Clone)]
+pub struct Load {
+    /// Concurrent workers.
+    pub workers: usize,
+    /// Per-RPC deadline: a paused server must not hold a worker forever.
+    pub rpc_timeout: Duration,
+    /// How long one logical call may keep retrying after the heal began.
+    pub heal_budget: Duration,
+}
+
+/// A channel to `address` that reconnects by itself.
+pub fn channel(address: &str, rpc_timeout: Duration) -> anyhow::Result<Channel> {
+    Ok(Endpoint::from_shared(format!("http://{address}"))?
+        .timeout(rpc_timeout)
+        .connect_timeout(Duration::from_millis(500))
+        .tcp_nodelay(true)
+        .connect_lazy())
+}
+
+fn request<T>(message: T) -> Request<T> {
+    let mut request = Request::new(message);
+    request
+        .metadata_mut()
+        .insert("x-tenant-id", TENANT.parse().expect("ascii"));
+    request
+}
+
+fn fingerprint(key: &str) -> Vec<u8> {
+    // Any 32 bytes fixed per key: retries of a call send the same request.
+    let mut digest = [0u8; 32];
+    for (i, byte) in key.bytes().enumerate() {
+        digest[i % 32] ^= byte.rotate_left((i / 32) as u32);
+    }
+    digest.to_vec()
+}
+
+fn claim_request(key: &str, attempt_id: &str) -> pb::ClaimRequest {
+    pb::ClaimRequest {
+        endpoint: ENDPOINT.to_string(),
+        key: key.to_string(),
+        fingerprint: Some(pb::claim_request::Fingerprint::Sha256(fingerprint(key))),
+        // Longer than any scenario: a lease never runs out under the fault,
+        // so a second holder can only come from a broken claim.
+        lease: Some(prost_types::Duration {
+            seconds: 600,
+            nanos: 0,
+        }),
+        ttl: None,
+        wait: None,
+        attempt_id: attempt_id.to_string(),
+    }
+}
+
+/// Whether a failed RPC may be retried as is (the server may or may not
+/// have applied it; the same request is safe to send again).
+fn transient(code: Code) -> bool {
+    matches!(
+        code,
+        Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Unknown
+            | Code::Cancelled
+            | Code::Internal
+            | Code::ResourceExhausted
+            | Code::Aborted
+    )
+}
+
+fn code_name(code: Code) -> String {
+    format!("{code:?}")
+}
+
+/// Runs workers until `stop`; each finishes its call in progress (retrying
+/// within the heal budget) before it returns.
+pub async fn run(
+    address: Arc<std::sync::RwLock<String>>,
+    load: Load,
+    history: Arc<History>,
+    stop: Arc<AtomicBool>,
+) {
+    let contended = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for worker in 0..load.workers {
+        let (address, load, history, stop, contended) = (
+            Arc::clone(&address),
+            load.clone(),
+            Arc::clone(&history),
+            Arc::clone(&stop),
+            Arc::clone(&contended),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut seq = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                seq += 1;
+                let key = if rand::random::<f64>() < 0.3 {
+                    // About four workers in a row land on each contended key.
+                    format!("c-{}", contended.fetch_add(1, Ordering::Relaxed) / 4)
+                } else {
+                    format!("u-{worker}-{seq}")
+                };
+                let attempt_id = format!("w{worker}-{seq}");
+                call(&address, &load, &history, &stop, &key, &attempt_id).await;
+            }
+        }));
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+}
+
+fn client(address: &std::sync::RwLock<String>, load: &Load) -> Option<IdempotencyClient<Channel>> {
+    let address = address.read().unwrap_or_else(|e| e.into_inner()).clone();
+    channel(&address, load.rpc_timeout)
+        .ok()
+        .map(IdempotencyClient::new)
+}
+
+/// One logical call: Claim (retried), then Complete (retried) if it won.
+async fn call(
+    address: &std::sync::RwLock<String>,
+    load: &Load,
+    history: &History,
+    stop: &AtomicBool,
+    key: &str,
+    attempt_id: &str,
+) {
+    let mut healing_since: Option<Instant> = None;
+    let mut out_of_budget = || {
+        if stop.load(Ordering::Relaxed) {
+            let since = *healing_since.get_or_insert_with(Instant::now);
+            since.elapsed() > load.heal_budget
+        } else {
+            false
+        }
+    };
+    let mut client = client(address, load);
+    let claimed = loop {
+        let Some(grpc) = client.as_mut() else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            client = self::client(address, load);
+            continue;
+        };
+        match grpc.claim(request(claim_request(key, attempt_id))).await {
+            Ok(response) => {
+                history.status("ok");
+                use pb::claim_response::Outcome;
+                match response.into_inner().outcome {
+                    Some(Outcome::Claimed(lease)) => {
+                        history.claimed(key, &lease.lease_token);
+                        break lease.lease_token;
+                    }
+                    Some(Outcome::Replayed(replayed)) => {
+                        let body = replayed.response.map(|r| r.body).unwrap_or_default();
+                        history.replayed(key, &body);
+                        return;
+                    }
+                    Some(Outcome::InProgress(_)) => return,
+                    other => {
+                        history.unexpected(format!("{key}: Claim answered {other:?}"));
+                        return;
+                    }
+                }
+            }
+            Err(status) if transient(status.code()) => {
+                history.status(&code_name(status.code()));
+                if out_of_budget() {
+                    history.undecided();
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                // A fresh channel follows a restarted server to its address.
+                client = self::client(address, load);
+            }
+            Err(status) => {
+                history.status(&code_name(status.code()));
+                history.unexpected(format!("{key}: Claim failed: {status}"));
+                return;
+            }
+        }
+    };
+    let body = response_body(key, &claimed);
+    loop {
+        let Some(grpc) = client.as_mut() else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            client = self::client(address, load);
+            continue;
+        };
+        let complete = pb::CompleteRequest {
+            endpoint: ENDPOINT.to_string(),
+            key: key.to_string(),
+            lease_token: claimed.clone(),
+            response: Some(pb::StoredResponse {
+                status: 201,
+                headers: vec![pb::Header {
+                    name: "content-type".into(),
+                    value: "application/json".into(),
+                }],
+                body: body.clone(),
+                body_ref: String::new(),
+            }),
+        };
+        match grpc.complete(request(complete)).await {
+            Ok(_) => {
+                history.status("ok");
+                history.acked(key, &body);
+                return;
+            }
+            Err(status) if transient(status.code()) => {
+                history.status(&code_name(status.code()));
+                if out_of_budget() {
+                    history.undecided();
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                client = self::client(address, load);
+            }
+            Err(status) => {
+                history.status(&code_name(status.code()));
+                history.unexpected(format!("{key}: Complete failed: {status}"));
+                return;
+            }
+        }
+    }
+}
+
+/// After the heal: what the server holds for each key the run touched,
+/// read with Lookup (reads never go through the store's writer, so the
+/// check itself changes nothing and works on a store that refuses writes).
+pub async fn finals(
+    address: &str,
+    history: &History,
+) -> anyhow::Result<std::collections::HashMap<String, Final>> {
+    let mut client = IdempotencyClient::new(channel(address, Duration::from_secs(10))?);
+    let mut finals = std::collections::HashMap::new();
+    for expectation in history.expectations() {
+        let key = expectation.key;
+        let mut attempts = 0;
+        let found = loop {
+            attempts += 1;
+            let lookup = pb::LookupRequest {
+                endpoint: ENDPOINT.to_string(),
+                key: key.clone(),
+                include_response: true,
+            };
+            match client.lookup(request(lookup)).await {
+                Ok(response) => {
+                    let record = response.into_inner().record.unwrap_or_default();
+                    break match pb::State::try_from(record.state) {
+                        Ok(pb::State::Completed) => {
+                            Final::Replayed(record.response.map(|r| r.body).unwrap_or_default())
+                        }
+                        Ok(pb::State::InProgress) => Final::InProgress,
+                        other => Final::Other(format!("state {other:?}")),
+                    };
+                }
+                // Free: a new caller would win it.
+                Err(status) if status.code() == Code::NotFound => break Final::Claimed,
+                Err(status) if status.code() == Code::DataLoss => break Final::DataLoss,
+                Err(status) if transient(status.code()) && attempts < 20 => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(status) => break Final::Other(status.to_string()),
+            }
+        };
+        finals.insert(key, found);
+    }
+    Ok(finals)
+}
