@@ -302,22 +302,13 @@ pub async fn corrupt_page(
                     tail(&log)
                 ));
             }
-            // Nothing served, nothing wrong: the verdict has no finals to
+            // Nothing served, nothing wrong: there are no final reads to
             // compare, so only what the clients saw before counts.
-            let verdict = run.history.verdict(&Default::default(), true);
-            return Ok(Report {
-                scenario: "corrupt-page".into(),
-                injected:
-                    "clean stop, then 512 bytes overwritten in every fourth page of idemd.redb"
-                        .into(),
-                verdict: Verdict {
-                    lost: Vec::new(),
-                    ..verdict
-                },
-                recovery_ms: Vec::new(),
-                notes,
-                seconds: run.started.elapsed().as_secs_f64(),
-            });
+            let verdict = Verdict {
+                lost: Vec::new(),
+                ..run.history.verdict(&Default::default(), true)
+            };
+            return Ok(corrupt_report(verdict, Vec::new(), notes, run.started));
         }
         None => {
             notes.push(
@@ -330,13 +321,22 @@ pub async fn corrupt_page(
     let finals = workload::finals(&run.server.address, &run.history).await?;
     let verdict = run.history.verdict(&finals, tolerate);
     let _ = run.server.stop().await;
-    Ok(Report {
+    Ok(corrupt_report(verdict, recovery, notes, run.started))
+}
+
+fn corrupt_report(
+    verdict: Verdict,
+    recovery_ms: Vec<u64>,
+    notes: Vec<String>,
+    started: Instant,
+) -> Report {
+    Report {
         scenario: "corrupt-page".into(),
         injected: "clean stop, then 512 bytes overwritten in every fourth page of idemd.redb"
             .into(),
         verdict,
-        recovery_ms: recovery,
+        recovery_ms,
         notes,
-        seconds: run.started.elapsed().as_secs_f64(),
-    })
+        seconds: started.elapsed().as_secs_f64(),
+    }
 }

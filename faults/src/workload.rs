@@ -135,11 +135,47 @@ pub async fn run(
     }
 }
 
-fn client(address: &std::sync::RwLock<String>, load: &Load) -> Option<IdempotencyClient<Channel>> {
+/// A client for the server's current address (a fresh channel follows a
+/// restarted server).
+fn client(address: &std::sync::RwLock<String>, load: &Load) -> IdempotencyClient<Channel> {
     let address = address.read().unwrap_or_else(|e| e.into_inner()).clone();
-    channel(&address, load.rpc_timeout)
-        .ok()
-        .map(IdempotencyClient::new)
+    // Only a malformed URI fails, and the address is ours.
+    IdempotencyClient::new(channel(&address, load.rpc_timeout).expect("a valid address"))
+}
+
+/// How a logical call handles a failed RPC.
+struct Retry<'a> {
+    /// Budget and pacing.
+    load: &'a Load,
+    /// Where failures are recorded.
+    history: &'a History,
+    /// Set when the fault is healed and workers finish.
+    stop: &'a AtomicBool,
+    /// When the call first failed after the heal began.
+    healing_since: Option<Instant>,
+}
+
+impl Retry<'_> {
+    /// Records a failed RPC and says whether to send the same one again
+    /// (after a short pause): yes for a transient failure within the heal
+    /// budget; no for anything else, recorded as unexpected or undecided.
+    async fn again(&mut self, status: &tonic::Status, rpc: &str, key: &str) -> bool {
+        self.history.status(&code_name(status.code()));
+        if !transient(status.code()) {
+            self.history
+                .unexpected(format!("{key}: {rpc} failed: {status}"));
+            return false;
+        }
+        if self.stop.load(Ordering::Relaxed) {
+            let since = *self.healing_since.get_or_insert_with(Instant::now);
+            if since.elapsed() > self.load.heal_budget {
+                self.history.undecided();
+                return false;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        true
+    }
 }
 
 /// One logical call: Claim (retried), then Complete (retried) if it won.
@@ -151,22 +187,14 @@ async fn call(
     key: &str,
     attempt_id: &str,
 ) {
-    let mut healing_since: Option<Instant> = None;
-    let mut out_of_budget = || {
-        if stop.load(Ordering::Relaxed) {
-            let since = *healing_since.get_or_insert_with(Instant::now);
-            since.elapsed() > load.heal_budget
-        } else {
-            false
-        }
+    let mut retry = Retry {
+        load,
+        history,
+        stop,
+        healing_since: None,
     };
-    let mut client = client(address, load);
+    let mut grpc = client(address, load);
     let claimed = loop {
-        let Some(grpc) = client.as_mut() else {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            client = self::client(address, load);
-            continue;
-        };
         match grpc.claim(request(claim_request(key, attempt_id))).await {
             Ok(response) => {
                 history.status("ok");
@@ -188,64 +216,38 @@ async fn call(
                     }
                 }
             }
-            Err(status) if transient(status.code()) => {
-                history.status(&code_name(status.code()));
-                if out_of_budget() {
-                    history.undecided();
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                // A fresh channel follows a restarted server to its address.
-                client = self::client(address, load);
+            Err(status) if retry.again(&status, "Claim", key).await => {
+                grpc = client(address, load);
             }
-            Err(status) => {
-                history.status(&code_name(status.code()));
-                history.unexpected(format!("{key}: Claim failed: {status}"));
-                return;
-            }
+            Err(_) => return,
         }
     };
     let body = response_body(key, &claimed);
+    let complete = pb::CompleteRequest {
+        endpoint: ENDPOINT.to_string(),
+        key: key.to_string(),
+        lease_token: claimed,
+        response: Some(pb::StoredResponse {
+            status: 201,
+            headers: vec![pb::Header {
+                name: "content-type".into(),
+                value: "application/json".into(),
+            }],
+            body: body.clone(),
+            body_ref: String::new(),
+        }),
+    };
     loop {
-        let Some(grpc) = client.as_mut() else {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            client = self::client(address, load);
-            continue;
-        };
-        let complete = pb::CompleteRequest {
-            endpoint: ENDPOINT.to_string(),
-            key: key.to_string(),
-            lease_token: claimed.clone(),
-            response: Some(pb::StoredResponse {
-                status: 201,
-                headers: vec![pb::Header {
-                    name: "content-type".into(),
-                    value: "application/json".into(),
-                }],
-                body: body.clone(),
-                body_ref: String::new(),
-            }),
-        };
-        match grpc.complete(request(complete)).await {
+        match grpc.complete(request(complete.clone())).await {
             Ok(_) => {
                 history.status("ok");
                 history.acked(key, &body);
                 return;
             }
-            Err(status) if transient(status.code()) => {
-                history.status(&code_name(status.code()));
-                if out_of_budget() {
-                    history.undecided();
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                client = self::client(address, load);
+            Err(status) if retry.again(&status, "Complete", key).await => {
+                grpc = client(address, load);
             }
-            Err(status) => {
-                history.status(&code_name(status.code()));
-                history.unexpected(format!("{key}: Complete failed: {status}"));
-                return;
-            }
+            Err(_) => return,
         }
     }
 }
