@@ -171,13 +171,26 @@ impl std::fmt::Debug for EmbeddedStore {
 /// panic into the error of a damaged file. redb panics on some damaged files
 /// (e.g. "Malformed allocator state") instead of returning an error; without
 /// this idemd would die with a backtrace instead of a message an operator
-/// can act on. The panic hook is silenced meanwhile (start-up runs this
-/// before any other thread of the store exists) and the panic is logged.
+/// can act on. Meanwhile the panic hook stays quiet for this thread only
+/// (the panic is logged instead); panics of other threads are reported as
+/// before.
 fn without_panics<T>(path: &Path, read: impl FnOnce() -> T) -> StoreResult<T> {
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
+    type Hook = dyn Fn(&std::panic::PanicHookInfo<'_>) + Send + Sync;
+    // One swap at a time: two opens interleaving their swaps would restore
+    // each other's quiet hook.
+    static SWAP: Mutex<()> = Mutex::new(());
+    let _swap = SWAP.lock().unwrap_or_else(|e| e.into_inner());
+    let previous: Arc<Hook> = Arc::from(std::panic::take_hook());
+    let opener = std::thread::current().id();
+    let others = Arc::clone(&previous);
+    std::panic::set_hook(Box::new(move |info| {
+        if std::thread::current().id() != opener {
+            others(info);
+        }
+    }));
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(read));
-    std::panic::set_hook(hook);
+    drop(std::panic::take_hook());
+    std::panic::set_hook(Box::new(move |info| previous(info)));
     result.map_err(|panic| {
         let what = panic
             .downcast_ref::<&str>()
