@@ -114,8 +114,11 @@ faults-smoke:
 	$(CARGO) build -p idemd -p idemd-faults
 	$(TARGET_DIR)/debug/idemd-faults --profile short --idemd-bin $(TARGET_DIR)/debug/idemd
 
-## faults: the full profile (100 kill -9 cycles, 12 clients, release build);
-## the figures of docs/reliability.md come from it. A few minutes.
+## faults: the full profile (release build): 100 kill -9 cycles, 12 clients,
+## then a 3-node Cassandra cluster (scripts/cassandra.sh) under two idemd
+## replicas: a node killed and restarted, quorum lost and regained three times
+## in a row, the whole cluster restarted. The figures of docs/reliability.md
+## come from it. About 5 minutes.
 faults:
 	$(CARGO) build --release -p idemd -p idemd-faults
 	$(TARGET_DIR)/release/idemd-faults --profile full --idemd-bin $(TARGET_DIR)/release/idemd \

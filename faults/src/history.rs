@@ -73,6 +73,16 @@ impl History {
             .or_default() += 1;
     }
 
+    /// Answers that were OK so far, in every phase.
+    pub fn ok_count(&self) -> u64 {
+        let inner = self.lock();
+        inner
+            .statuses
+            .values()
+            .filter_map(|codes| codes.get("ok"))
+            .sum()
+    }
+
     /// A `claimed` answer.
     pub fn claimed(&self, key: &str, token: &str) {
         self.lock()

@@ -13,8 +13,11 @@
 //! * `history`: what the clients saw, and the checker.
 //! * `workload`: the careful client, run by many workers.
 //! * `server`: the idemd process, started, killed, paused, restarted.
-//! * `scenarios`: one function per fault.
+//! * `scenarios`: one function per fault of the embedded store.
+//! * `cql`: the Cassandra scenarios (3 nodes, two idemd replicas; full
+//!   profile only).
 
+mod cql;
 mod history;
 mod scenarios;
 mod server;
@@ -39,7 +42,9 @@ struct Args {
     /// The idemd binary under test.
     #[arg(long)]
     idemd_bin: PathBuf,
-    /// Only these scenarios (kill9, pause, torn-wal, corrupt-page).
+    /// Only these scenarios (kill9, pause, torn-wal, corrupt-page,
+    /// cql-node-kill, cql-quorum-loss, cql-cluster-restart; the CQL ones run
+    /// by default only in the full profile).
     #[arg(long, value_delimiter = ',')]
     scenarios: Vec<String>,
     /// Writes the reports here as JSON.
@@ -48,6 +53,9 @@ struct Args {
     /// Keeps each server's log here (default: a temp dir, removed).
     #[arg(long)]
     log_dir: Option<PathBuf>,
+    /// The test cluster's script (CQL scenarios).
+    #[arg(long, default_value = "scripts/cassandra.sh")]
+    cassandra_script: PathBuf,
 }
 
 fn print(report: &Report) {
@@ -118,7 +126,13 @@ async fn main() -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| temp.path().to_path_buf());
     std::fs::create_dir_all(&log_dir)?;
-    let wanted = |name: &str| args.scenarios.is_empty() || args.scenarios.iter().any(|s| s == name);
+    let wanted = |name: &str| {
+        if args.scenarios.is_empty() {
+            !name.starts_with("cql") || args.profile == Profile::Full
+        } else {
+            args.scenarios.iter().any(|s| s == name)
+        }
+    };
     let bin = &args.idemd_bin;
     let mut reports = Vec::new();
     if wanted("kill9") {
@@ -136,6 +150,31 @@ async fn main() -> anyhow::Result<()> {
     if wanted("corrupt-page") {
         reports.push(scenarios::corrupt_page(bin, &load, &log_dir).await?);
         print(reports.last().expect("pushed"));
+    }
+    if wanted("cql-node-kill") || wanted("cql-quorum-loss") || wanted("cql-cluster-restart") {
+        let cluster = cql::Cluster::start(&args.cassandra_script, bin, "idemd_faults").await?;
+        let cql_load = Load {
+            rpc_timeout: Duration::from_secs(3),
+            ..load.clone()
+        };
+        if wanted("cql-node-kill") {
+            reports.push(cql::node_kill(&cluster, bin, &cql_load, &log_dir).await?);
+            print(reports.last().expect("pushed"));
+        }
+        if wanted("cql-quorum-loss") {
+            // Three in a row: the recovery must not depend on luck.
+            for _ in 0..3 {
+                let report = cql::quorum_loss(&cluster, &[2, 3], bin, &cql_load, &log_dir).await?;
+                print(&report);
+                reports.push(report);
+            }
+        }
+        if wanted("cql-cluster-restart") {
+            let report = cql::quorum_loss(&cluster, &[1, 2, 3], bin, &cql_load, &log_dir).await?;
+            print(&report);
+            reports.push(report);
+        }
+        cluster.stop().await?;
     }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&reports)?)?;

@@ -2,8 +2,8 @@
 //! against a server, injects its fault, heals it, and hands the history to
 //! the shared checker (`history.rs`).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -47,14 +47,18 @@ impl Report {
 }
 
 /// What every scenario starts from: a server, the history, the workers.
-struct Run {
-    server: Server,
-    history: Arc<History>,
-    /// Where the workers connect (the server keeps its address).
-    _address: Arc<RwLock<String>>,
+pub(crate) struct Run {
+    /// The idemd replicas (one on the embedded store).
+    pub(crate) servers: Vec<Server>,
+    /// What the clients saw.
+    pub(crate) history: Arc<History>,
+    /// Set when the workers must finish.
     stop: Arc<AtomicBool>,
+    /// The workers.
     workers: Option<tokio::task::JoinHandle<()>>,
-    started: Instant,
+    /// When the load began.
+    pub(crate) started: Instant,
+    /// The servers' data directories.
     _dir: tempfile::TempDir,
 }
 
@@ -65,22 +69,32 @@ impl Run {
         log_dir: &std::path::Path,
     ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
-        let mut server = Server::new(bin, &dir.path().join("data"), log_dir)?;
-        server.start().await?;
+        let server = Server::new(bin, &dir.path().join("data"), log_dir, Vec::new())?;
+        Self::start_with(vec![server], load, dir).await
+    }
+
+    /// Starts `servers` and the workers, which spread over them.
+    pub(crate) async fn start_with(
+        mut servers: Vec<Server>,
+        load: &Load,
+        dir: tempfile::TempDir,
+    ) -> anyhow::Result<Self> {
+        for server in &mut servers {
+            server.start().await?;
+        }
         let history = Arc::new(History::default());
         history.phase("load");
-        let address = Arc::new(RwLock::new(server.address.clone()));
+        let addresses = Arc::new(servers.iter().map(|s| s.address.clone()).collect());
         let stop = Arc::new(AtomicBool::new(false));
         let workers = tokio::spawn(workload::run(
-            Arc::clone(&address),
+            addresses,
             load.clone(),
             Arc::clone(&history),
             Arc::clone(&stop),
         ));
         Ok(Self {
-            server,
+            servers,
             history,
-            _address: address,
             stop,
             workers: Some(workers),
             started: Instant::now(),
@@ -90,7 +104,7 @@ impl Run {
 
     /// Healed: a second of load without faults, then every worker finishes
     /// its call; then the final reads and the verdict.
-    async fn finish(
+    pub(crate) async fn finish(
         mut self,
         name: &str,
         injected: String,
@@ -105,9 +119,11 @@ impl Run {
             workers.await?;
         }
         self.history.phase("check");
-        let finals = workload::finals(&self.server.address, &self.history).await?;
+        let finals = workload::finals(&self.servers[0].address, &self.history).await?;
         let verdict = self.history.verdict(&finals, tolerate_data_loss);
-        let _ = self.server.stop().await;
+        for server in &mut self.servers {
+            let _ = server.stop().await;
+        }
         Ok(Report {
             scenario: name.to_string(),
             injected,
@@ -135,8 +151,8 @@ pub async fn kill9(
     let mut recovery = Vec::new();
     for _ in 0..cycles {
         tokio::time::sleep(Duration::from_millis(200 + rand::random::<u64>() % 600)).await;
-        run.server.kill9().await?;
-        recovery.push(millis(run.server.start().await?));
+        run.servers[0].kill9().await?;
+        recovery.push(millis(run.servers[0].start().await?));
     }
     run.finish(
         "kill9",
@@ -161,12 +177,12 @@ pub async fn pause(
     for _ in 0..pauses {
         tokio::time::sleep(Duration::from_millis(500)).await;
         run.history.phase("paused");
-        run.server.signal("STOP").await?;
+        run.servers[0].signal("STOP").await?;
         tokio::time::sleep(stopped_for).await;
-        run.server.signal("CONT").await?;
+        run.servers[0].signal("CONT").await?;
         run.history.phase("resumed");
         // Recovered once a fresh call is answered by the store.
-        recovery.push(millis(run.server.wait_ready(Instant::now()).await?));
+        recovery.push(millis(run.servers[0].wait_ready(Instant::now()).await?));
         tokio::time::sleep(Duration::from_millis(500)).await;
         run.history.phase("load");
     }
@@ -215,8 +231,8 @@ pub async fn torn_wal(
 ) -> anyhow::Result<Report> {
     let mut run = Run::start(bin, load, log_dir).await?;
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    run.server.kill9().await?;
-    let path = run.server.data_dir.join("idemd.wal");
+    run.servers[0].kill9().await?;
+    let path = run.servers[0].data_dir.join("idemd.wal");
     let mut bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
     let (end, last) = wal_end(&bytes)?;
     // A frame header claiming the next sequence and 4 KiB, a bad checksum,
@@ -229,7 +245,7 @@ pub async fn torn_wal(
     bytes.truncate(end);
     bytes.extend_from_slice(&torn);
     std::fs::write(&path, &bytes)?;
-    let recovery = vec![millis(run.server.start().await?)];
+    let recovery = vec![millis(run.servers[0].start().await?)];
     run.finish(
         "torn-wal",
         format!(
@@ -261,8 +277,8 @@ pub async fn corrupt_page(
     if let Some(workers) = run.workers.take() {
         workers.await?;
     }
-    run.server.stop().await?;
-    let path = run.server.data_dir.join("idemd.redb");
+    run.servers[0].stop().await?;
+    let path = run.servers[0].data_dir.join("idemd.redb");
     let mut bytes = std::fs::read(&path)?;
     let pages = bytes.len() / 4096;
     let mut damaged = Vec::new();
@@ -276,13 +292,12 @@ pub async fn corrupt_page(
     }
     std::fs::write(&path, &bytes)?;
     let mut notes = vec![format!("{} of {pages} pages damaged", damaged.len())];
-    let exit = run
-        .server
+    let exit = run.servers[0]
         .start_expecting_exit(Duration::from_secs(5))
         .await?;
     let (recovery, tolerate) = match exit {
         Some(status) => {
-            let log = run.server.log();
+            let log = run.servers[0].log();
             let message = log
                 .lines()
                 .rev()
@@ -318,9 +333,9 @@ pub async fn corrupt_page(
         }
     };
     run.history.phase("check");
-    let finals = workload::finals(&run.server.address, &run.history).await?;
+    let finals = workload::finals(&run.servers[0].address, &run.history).await?;
     let verdict = run.history.verdict(&finals, tolerate);
-    let _ = run.server.stop().await;
+    let _ = run.servers[0].stop().await;
     Ok(corrupt_report(verdict, recovery, notes, run.started))
 }
 

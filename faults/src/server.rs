@@ -27,6 +27,8 @@ pub struct Server {
     runs: usize,
     /// The running process, if any.
     child: Option<Child>,
+    /// Flags beyond address, data dir and logs (the CQL store's).
+    extra: Vec<String>,
 }
 
 /// A port nobody listens on now (the kernel's pick, then released).
@@ -37,7 +39,12 @@ pub fn free_port() -> anyhow::Result<u16> {
 
 impl Server {
     /// A server that is not started yet.
-    pub fn new(bin: &Path, data_dir: &Path, log_dir: &Path) -> anyhow::Result<Self> {
+    pub fn new(
+        bin: &Path,
+        data_dir: &Path,
+        log_dir: &Path,
+        extra: Vec<String>,
+    ) -> anyhow::Result<Self> {
         Ok(Self {
             bin: bin.to_path_buf(),
             data_dir: data_dir.to_path_buf(),
@@ -45,6 +52,7 @@ impl Server {
             log_dir: log_dir.to_path_buf(),
             runs: 0,
             child: None,
+            extra,
         })
     }
 
@@ -65,6 +73,7 @@ impl Server {
             .args(["--listen", &self.address, "--metrics-listen", "off"])
             .args(["--log-format", "json", "--data-dir"])
             .arg(&self.data_dir)
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -76,7 +85,8 @@ impl Server {
     }
 
     fn log_path(&self, run: usize) -> PathBuf {
-        self.log_dir.join(format!("server-{run}.log"))
+        let port = self.address.rsplit(':').next().unwrap_or("0");
+        self.log_dir.join(format!("server-{port}-{run}.log"))
     }
 
     /// The stderr of the current (or last) run.

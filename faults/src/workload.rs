@@ -100,16 +100,20 @@ fn code_name(code: Code) -> String {
 /// Runs workers until `stop`; each finishes its call in progress (retrying
 /// within the heal budget) before it returns.
 pub async fn run(
-    address: Arc<std::sync::RwLock<String>>,
+    addresses: Arc<Vec<String>>,
     load: Load,
     history: Arc<History>,
     stop: Arc<AtomicBool>,
 ) {
     let contended = Arc::new(AtomicU64::new(0));
+    // Keys unique to this run: scenarios that share a store (the CQL ones
+    // share a keyspace) must not replay each other's responses.
+    let run_id = format!("{:08x}", rand::random::<u32>());
     let mut tasks = Vec::new();
     for worker in 0..load.workers {
-        let (address, load, history, stop, contended) = (
-            Arc::clone(&address),
+        let run_id = run_id.clone();
+        let (addresses, load, history, stop, contended) = (
+            Arc::clone(&addresses),
             load.clone(),
             Arc::clone(&history),
             Arc::clone(&stop),
@@ -121,12 +125,19 @@ pub async fn run(
                 seq += 1;
                 let key = if rand::random::<f64>() < 0.3 {
                     // About four workers in a row land on each contended key.
-                    format!("c-{}", contended.fetch_add(1, Ordering::Relaxed) / 4)
+                    format!(
+                        "{run_id}-c-{}",
+                        contended.fetch_add(1, Ordering::Relaxed) / 4
+                    )
                 } else {
-                    format!("u-{worker}-{seq}")
+                    format!("{run_id}-u-{worker}-{seq}")
                 };
                 let attempt_id = format!("w{worker}-{seq}");
-                call(&address, &load, &history, &stop, &key, &attempt_id).await;
+                let to = Replicas {
+                    addresses: &addresses,
+                    first: worker,
+                };
+                call(&to, &load, &history, &stop, &key, &attempt_id).await;
             }
         }));
     }
@@ -135,12 +146,24 @@ pub async fn run(
     }
 }
 
-/// A client for the server's current address (a fresh channel follows a
-/// restarted server).
-fn client(address: &std::sync::RwLock<String>, load: &Load) -> IdempotencyClient<Channel> {
-    let address = address.read().unwrap_or_else(|e| e.into_inner()).clone();
-    // Only a malformed URI fails, and the address is ours.
-    IdempotencyClient::new(channel(&address, load.rpc_timeout).expect("a valid address"))
+/// The idemd replicas a worker may call: it starts with one and moves to
+/// the next on every failed RPC (what a client behind a load balancer
+/// sees when a replica dies).
+struct Replicas<'a> {
+    /// Every replica's address.
+    addresses: &'a [String],
+    /// The worker's first choice.
+    first: usize,
+}
+
+impl Replicas<'_> {
+    /// A client for the replica of `turn` (a fresh channel follows a
+    /// restarted server).
+    fn client(&self, turn: usize, load: &Load) -> IdempotencyClient<Channel> {
+        let address = &self.addresses[(self.first + turn) % self.addresses.len()];
+        // Only a malformed URI fails, and the addresses are ours.
+        IdempotencyClient::new(channel(address, load.rpc_timeout).expect("a valid address"))
+    }
 }
 
 /// How a logical call handles a failed RPC.
@@ -180,7 +203,7 @@ impl Retry<'_> {
 
 /// One logical call: Claim (retried), then Complete (retried) if it won.
 async fn call(
-    address: &std::sync::RwLock<String>,
+    to: &Replicas<'_>,
     load: &Load,
     history: &History,
     stop: &AtomicBool,
@@ -193,7 +216,8 @@ async fn call(
         stop,
         healing_since: None,
     };
-    let mut grpc = client(address, load);
+    let mut turn = 0;
+    let mut grpc = to.client(turn, load);
     let claimed = loop {
         match grpc.claim(request(claim_request(key, attempt_id))).await {
             Ok(response) => {
@@ -217,7 +241,8 @@ async fn call(
                 }
             }
             Err(status) if retry.again(&status, "Claim", key).await => {
-                grpc = client(address, load);
+                turn += 1;
+                grpc = to.client(turn, load);
             }
             Err(_) => return,
         }
@@ -245,7 +270,8 @@ async fn call(
                 return;
             }
             Err(status) if retry.again(&status, "Complete", key).await => {
-                grpc = client(address, load);
+                turn += 1;
+                grpc = to.client(turn, load);
             }
             Err(_) => return,
         }

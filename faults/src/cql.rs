@@ -1,0 +1,242 @@
+//! The CQL scenarios: a 3-node Cassandra cluster (`scripts/cassandra.sh`,
+//! keyspace RF 3) under two idemd replicas, with faults injected into
+//! Cassandra nodes and into one replica. Only in the full profile: the
+//! cluster takes ~15 s to start and each node restart ~10 s.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::history::Verdict;
+use crate::scenarios::{Report, Run};
+use crate::server::Server;
+use crate::workload::Load;
+
+/// Nodes of the test cluster (node I listens on 127.0.0.I:9042).
+const NODES: usize = 3;
+
+/// The test cluster, driven through `scripts/cassandra.sh`.
+pub struct Cluster {
+    /// `scripts/cassandra.sh`.
+    script: PathBuf,
+    /// `idemd` flags that point at the cluster and the keyspace.
+    flags: Vec<String>,
+}
+
+impl Cluster {
+    async fn run(script: &Path, args: &[&str]) -> anyhow::Result<()> {
+        let status = tokio::process::Command::new("bash")
+            .arg(script)
+            .args(args)
+            .status()
+            .await
+            .with_context(|| format!("running {}", script.display()))?;
+        if !status.success() {
+            bail!("{} {} failed: {status}", script.display(), args.join(" "));
+        }
+        Ok(())
+    }
+
+    /// Starts a fresh 3-node cluster and creates `keyspace` with RF 3.
+    pub async fn start(script: &Path, bin: &Path, keyspace: &str) -> anyhow::Result<Self> {
+        Self::run(script, &["start", "--nodes", "3"]).await?;
+        let nodes: Vec<String> = (1..=NODES).map(|i| format!("127.0.0.{i}:9042")).collect();
+        let nodes = nodes.join(",");
+        let status = tokio::process::Command::new(bin)
+            .args(["migrate", "--cql-nodes", &nodes, "--keyspace", keyspace])
+            .args([
+                "--replication",
+                "{'class': 'SimpleStrategy', 'replication_factor': 3}",
+            ])
+            .status()
+            .await?;
+        if !status.success() {
+            bail!("idemd migrate failed: {status}");
+        }
+        Ok(Self {
+            script: script.to_path_buf(),
+            flags: [
+                "--store",
+                "cql",
+                "--cql-nodes",
+                &nodes,
+                "--keyspace",
+                keyspace,
+                "--cql-request-timeout",
+                "2s",
+            ]
+            .map(str::to_string)
+            .to_vec(),
+        })
+    }
+
+    /// `kill`, `pause`, `resume` or `restart` node `i`.
+    pub async fn node(&self, action: &str, i: usize) -> anyhow::Result<()> {
+        Self::run(&self.script, &[action, &i.to_string()]).await
+    }
+
+    /// Stops every node.
+    pub async fn stop(&self) -> anyhow::Result<()> {
+        Self::run(&self.script, &["stop"]).await
+    }
+
+    /// Two idemd replicas on this cluster.
+    async fn run_two(&self, bin: &Path, load: &Load, log_dir: &Path) -> anyhow::Result<Run> {
+        let dir = tempfile::tempdir()?;
+        let servers = (0..2)
+            .map(|i| {
+                Server::new(
+                    bin,
+                    &dir.path().join(format!("replica-{i}")),
+                    log_dir,
+                    self.flags.clone(),
+                )
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Run::start_with(servers, load, dir).await
+    }
+}
+
+/// Non-OK answers over all answers in `phases`, from the verdict's counts.
+fn error_rate(verdict: &Verdict, phases: &[&str]) -> f64 {
+    let (mut errors, mut all) = (0u64, 0u64);
+    for phase in phases {
+        for (code, n) in verdict.statuses.get(*phase).into_iter().flatten() {
+            all += n;
+            if code != "ok" {
+                errors += n;
+            }
+        }
+    }
+    if all == 0 {
+        0.0
+    } else {
+        errors as f64 / all as f64
+    }
+}
+
+/// Waits until a call through `run`'s replicas succeeds again; the time
+/// that took, at most `limit`.
+async fn until_calls_succeed(
+    run: &Run,
+    since: Instant,
+    limit: Duration,
+) -> anyhow::Result<Duration> {
+    let mut seen = run.history.ok_count();
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = run.history.ok_count();
+        if now > seen {
+            return Ok(since.elapsed());
+        }
+        seen = now;
+        if since.elapsed() > limit {
+            bail!("no call succeeded within {} s", limit.as_secs());
+        }
+    }
+}
+
+/// One Cassandra node killed under load and restarted from its data, then
+/// one idemd replica killed and restarted: errors at most 1% of calls.
+pub async fn node_kill(
+    cluster: &Cluster,
+    bin: &Path,
+    load: &Load,
+    log_dir: &Path,
+) -> anyhow::Result<Report> {
+    let mut run = cluster.run_two(bin, load, log_dir).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    run.history.phase("node-down");
+    cluster.node("kill", 3).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    run.history.phase("node-back");
+    cluster.node("restart", 3).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    run.history.phase("replica-down");
+    run.servers[1].kill9().await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let restart = run.servers[1].start().await?;
+    run.history.phase("load");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut report = run
+        .finish(
+            "cql-node-kill",
+            "SIGKILL of Cassandra node 3 for 5 s, restart from its data; then SIGKILL of one of two idemd replicas".into(),
+            vec![u64::try_from(restart.as_millis()).unwrap_or(u64::MAX)],
+            Vec::new(),
+            false,
+        )
+        .await?;
+    let rate = error_rate(&report.verdict, &["node-down", "node-back"]);
+    report.notes.push(format!(
+        "errors while node 3 was down or coming back: {:.2}% of calls",
+        rate * 100.0
+    ));
+    if rate > 0.01 {
+        report.verdict.unexpected.push(format!(
+            "{:.2}% of calls failed with one node down (at most 1%)",
+            rate * 100.0
+        ));
+    }
+    Ok(report)
+}
+
+/// `nodes` killed (2 and 3: no quorum; all three: the whole cluster), then
+/// restarted from their data: while the quorum is gone only retryable
+/// errors, never a wrong answer; calls succeed again within 30 s of the
+/// quorum returning.
+pub async fn quorum_loss(
+    cluster: &Cluster,
+    nodes: &[usize],
+    bin: &Path,
+    load: &Load,
+    log_dir: &Path,
+) -> anyhow::Result<Report> {
+    let run = cluster.run_two(bin, load, log_dir).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    run.history.phase("no-quorum");
+    for node in nodes {
+        cluster.node("kill", *node).await?;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // The quorum returns with the second node back, before the last one.
+    run.history.phase("restarting");
+    for node in nodes {
+        cluster.node("restart", *node).await?;
+    }
+    let returned = Instant::now();
+    run.history.phase("quorum-back");
+    let recovery = until_calls_succeed(&run, returned, Duration::from_secs(30)).await;
+    let mut notes = Vec::new();
+    let recovery_ms = match recovery {
+        Ok(took) => vec![u64::try_from(took.as_millis()).unwrap_or(u64::MAX)],
+        Err(error) => {
+            notes.push(error.to_string());
+            Vec::new()
+        }
+    };
+    run.history.phase("load");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (name, injected) = if nodes.len() == NODES {
+        (
+            "cql-cluster-restart",
+            "SIGKILL of every Cassandra node for 5 s, all restarted from their data",
+        )
+    } else {
+        (
+            "cql-quorum-loss",
+            "SIGKILL of Cassandra nodes 2 and 3 for 5 s (RF 3: no quorum), both restarted from their data",
+        )
+    };
+    let mut report = run
+        .finish(name, injected.into(), recovery_ms, notes, false)
+        .await?;
+    if report.recovery_ms.is_empty() {
+        report
+            .verdict
+            .unexpected
+            .push("calls did not succeed within 30 s of the quorum returning".into());
+    }
+    Ok(report)
+}
