@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::transitions::Transition;
 use super::{
     Disposition, Engine, EngineError, EngineResult, MAX_CAS_ROUNDS, PreconditionReason, contention,
-    ms, not_in_progress, validate,
+    ms, no_live_claim, not_in_progress, validate,
 };
 use crate::store::{CasOutcome, Expected, RecordState, StoredResponse};
 
@@ -30,9 +30,7 @@ impl Engine {
         for _ in 0..MAX_CAS_ROUNDS {
             let now = self.now();
             let Some(record) = self.fenced(&id, lease_token, now).await? else {
-                return Err(EngineError::NotFound(
-                    "no live claim for this key (it expired or was released)".to_string(),
-                ));
+                return Err(no_live_claim());
             };
             match record.state {
                 RecordState::Completed if record.response.as_ref() == Some(&response) => {
@@ -102,9 +100,7 @@ impl Engine {
                 // Releasing is idempotent: the claim being gone is the goal.
                 None if disposition == Disposition::Release => return Ok(()),
                 None => {
-                    return Err(EngineError::NotFound(
-                        "no live claim for this key (it expired or was released)".to_string(),
-                    ));
+                    return Err(no_live_claim());
                 }
             };
             let target = match disposition {
@@ -170,9 +166,7 @@ impl Engine {
         for _ in 0..MAX_CAS_ROUNDS {
             let now = self.now();
             let Some(record) = self.fenced(&id, lease_token, now).await? else {
-                return Err(EngineError::NotFound(
-                    "no live claim for this key (it expired or was released)".to_string(),
-                ));
+                return Err(no_live_claim());
             };
             match record.state {
                 RecordState::InProgress => {}

@@ -269,6 +269,11 @@ fn not_in_progress(record: &Record) -> EngineError {
     )
 }
 
+/// A fenced call on a key with no live claim.
+fn no_live_claim() -> EngineError {
+    EngineError::NotFound("no live claim for this key (it expired or was released)".to_string())
+}
+
 fn contention() -> EngineError {
     EngineError::Contention("the key changed concurrently too many times; retry".to_string())
 }

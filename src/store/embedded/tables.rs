@@ -204,7 +204,7 @@ pub(super) struct Tables<'a, 'txn> {
     pub(super) keyring: Option<&'a Keyring>,
 }
 
-impl Tables<'_, '_> {
+impl<'txn> Tables<'_, 'txn> {
     fn read_live_at(&self, id: &RecordKey, now_ms: i64) -> StoreResult<Option<Loaded>> {
         read_loaded(&*self.records, id, now_ms)
     }
@@ -257,18 +257,20 @@ impl Tables<'_, '_> {
         Ok(())
     }
 
+    /// The index table behind `table` (`Expiry` or `Pending`).
+    fn index(&mut self, table: wal::LogTable) -> StoreResult<&mut IndexTable<'txn>> {
+        match table {
+            wal::LogTable::Expiry => Ok(&mut *self.expiry),
+            wal::LogTable::Pending => Ok(&mut *self.pending),
+            wal::LogTable::Records => Err(StoreError::Unavailable(
+                "internal error: records is not an index".to_string(),
+            )),
+        }
+    }
+
     /// Inserts an index entry, and logs it.
     fn insert_index(&mut self, table: wal::LogTable, key: &[u8]) -> StoreResult<()> {
-        let index = match table {
-            wal::LogTable::Expiry => &mut *self.expiry,
-            wal::LogTable::Pending => &mut *self.pending,
-            wal::LogTable::Records => {
-                return Err(StoreError::Unavailable(
-                    "internal error: records is not an index".to_string(),
-                ));
-            }
-        };
-        index
+        self.index(table)?
             .insert(key, ())
             .map_err(|e| storage_error("write", e))?;
         self.frame.put(table, key, &[]);
@@ -277,16 +279,9 @@ impl Tables<'_, '_> {
 
     /// Removes an index entry, and logs it.
     fn remove_index(&mut self, table: wal::LogTable, key: &[u8]) -> StoreResult<()> {
-        let index = match table {
-            wal::LogTable::Expiry => &mut *self.expiry,
-            wal::LogTable::Pending => &mut *self.pending,
-            wal::LogTable::Records => {
-                return Err(StoreError::Unavailable(
-                    "internal error: records is not an index".to_string(),
-                ));
-            }
-        };
-        index.remove(key).map_err(|e| storage_error("write", e))?;
+        self.index(table)?
+            .remove(key)
+            .map_err(|e| storage_error("write", e))?;
         self.frame.remove(table, key);
         Ok(())
     }
