@@ -136,7 +136,9 @@ pub async fn start_idemd(
         .arg(address.to_string())
         .arg("--data-dir")
         .arg(dir.join("data"))
-        .args(["--metrics-listen", "off", "--log", "warn"])
+        // As users run it: metrics on (on a free port; the recorder is
+        // part of every request's cost) and the default log level.
+        .args(["--metrics-listen", "127.0.0.1:0"])
         .args(store_args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
