@@ -135,7 +135,13 @@ impl Engine {
 
     /// One decision round of Claim (no waiting).
     async fn claim_once(&self, request: &ClaimRequest<'_>) -> EngineResult<ClaimOutcome> {
-        let mut current = self.read(&request.id, self.now()).await?;
+        let now = self.now();
+        let mut current = if self.store.read_before_insert() {
+            self.read(&request.id, now).await?
+        } else {
+            // The insert below reports the existing record if there is one.
+            self.cached(&request.id, now)
+        };
         for _ in 0..MAX_CAS_ROUNDS {
             let now = self.now();
             let Some(existing) = current.take() else {
@@ -162,7 +168,8 @@ impl Engine {
                 let record = request.new_record(now, 1);
                 match self.store.insert_if_absent(&record, now).await? {
                     InsertOutcome::Inserted => {
-                        self.transition(Transition::new(
+                        self.granted.remember(&record, now);
+                        self.transition(Transition::routine(
                             &record,
                             "none",
                             "claimed",
@@ -177,6 +184,7 @@ impl Engine {
                         if let Some(limiter) = &self.claim_limiter {
                             limiter.refund(&request.id.tenant, now);
                         }
+                        self.cache.insert(&winner);
                         current = Some(winner);
                         continue;
                     }
@@ -206,6 +214,7 @@ impl Engine {
                         .await?
                     {
                         CasOutcome::Applied => {
+                            self.granted.remember(&record, now);
                             self.transition(Transition::new(
                                 &record,
                                 "in_progress",

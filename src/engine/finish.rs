@@ -9,7 +9,7 @@ use super::{
     Disposition, Engine, EngineError, EngineResult, MAX_CAS_ROUNDS, PreconditionReason, contention,
     ms, no_live_claim, not_in_progress, validate,
 };
-use crate::store::{CasOutcome, Expected, RecordState, StoredResponse};
+use crate::store::{CasOutcome, Expected, Record, RecordKey, RecordState, StoredResponse};
 
 impl Engine {
     /// Complete: store the response of a claimed execution.
@@ -27,9 +27,10 @@ impl Engine {
         validate::lease_token(lease_token)?;
         let policy = self.policies.for_endpoint(endpoint);
         validate::response("response", &response, policy.max_response_bytes)?;
+        let mut granted = self.granted.take(&id, lease_token);
         for _ in 0..MAX_CAS_ROUNDS {
             let now = self.now();
-            let Some(record) = self.fenced(&id, lease_token, now).await? else {
+            let Some(record) = self.held(&id, lease_token, now, &mut granted).await? else {
                 return Err(no_live_claim());
             };
             match record.state {
@@ -56,7 +57,7 @@ impl Engine {
                         .replace_if(&completed, &Expected::matching(&record), now)
                         .await?
                     {
-                        self.transition(Transition::new(
+                        self.transition(Transition::routine(
                             &completed,
                             "in_progress",
                             "completed",
@@ -93,9 +94,10 @@ impl Engine {
                 "must be RELEASE, UNKNOWN or FAILED",
             ));
         };
+        let mut granted = self.granted.take(&id, lease_token);
         for _ in 0..MAX_CAS_ROUNDS {
             let now = self.now();
-            let record = match self.fenced(&id, lease_token, now).await? {
+            let record = match self.held(&id, lease_token, now, &mut granted).await? {
                 Some(record) => record,
                 // Releasing is idempotent: the claim being gone is the goal.
                 None if disposition == Disposition::Release => return Ok(()),
@@ -131,9 +133,11 @@ impl Engine {
                 }
             };
             if let CasOutcome::Applied = outcome {
-                let to = target.map_or("released", RecordState::as_str);
-                self.transition(Transition::new(&record, "in_progress", to, started))
-                    .await;
+                let change = match target {
+                    None => Transition::routine(&record, "in_progress", "released", started),
+                    Some(state) => Transition::new(&record, "in_progress", state.as_str(), started),
+                };
+                self.transition(change).await;
                 self.waiters.wake(&id);
                 return Ok(());
             }
@@ -163,9 +167,10 @@ impl Engine {
                 ),
             ));
         }
+        let mut granted = self.granted.take(&id, lease_token);
         for _ in 0..MAX_CAS_ROUNDS {
             let now = self.now();
-            let Some(record) = self.fenced(&id, lease_token, now).await? else {
+            let Some(record) = self.held(&id, lease_token, now, &mut granted).await? else {
                 return Err(no_live_claim());
             };
             match record.state {
@@ -185,9 +190,26 @@ impl Engine {
                 .replace_if(&extended, &Expected::matching(&record), now)
                 .await?
             {
+                self.granted.remember(&extended, now);
                 return Ok(extended.lease_expires_at_ms);
             }
         }
         Err(contention())
+    }
+
+    /// The record a holder's call starts from: the claim as this engine
+    /// granted it (first round only; see [`super::granted`]), else the live
+    /// record read from the store and fenced by the token.
+    async fn held(
+        &self,
+        id: &RecordKey,
+        lease_token: &str,
+        now: i64,
+        granted: &mut Option<Record>,
+    ) -> EngineResult<Option<Record>> {
+        match granted.take() {
+            Some(record) => Ok(Some(record)),
+            None => self.fenced(id, lease_token, now).await,
+        }
     }
 }

@@ -29,8 +29,8 @@
 //! * `finish`: what a lease holder does: Complete, Fail, ExtendLease;
 //! * `reconcile`: ListPending, Reconcile, the pending gauges' summary;
 //! * `transitions`: the event of every transition and the audit trail;
-//! * [`cache`], [`waiters`], [`limits`], [`policy`], [`validate`],
-//!   [`error`]: the pieces those use.
+//! * [`cache`], [`granted`], [`waiters`], [`limits`], [`policy`],
+//!   [`validate`], [`error`]: the pieces those use.
 //!
 //! The unit tests (`tests.rs`) drive the engine over
 //! [`crate::store::memory::MemoryStore`] with a manual clock: no network,
@@ -38,6 +38,7 @@
 
 pub mod cache;
 pub mod error;
+pub mod granted;
 pub mod limits;
 pub mod policy;
 pub mod validate;
@@ -70,6 +71,7 @@ pub use types::{
 };
 
 use cache::CompletedCache;
+use granted::Granted;
 use waiters::Waiters;
 
 /// How often a conditional write may lose a race before the operation gives
@@ -94,6 +96,9 @@ pub struct Engine {
     waiters: Waiters,
     /// Completed records, for cheap replays.
     cache: CompletedCache,
+    /// Claims granted here and not finished yet: a holder's Complete, Fail
+    /// or ExtendLease skips its read (see [`granted`]).
+    granted: Granted,
     /// Where transitions of audited endpoints are appended; `None` when no
     /// endpoint is audited.
     audit: Option<Arc<dyn AuditLog>>,
@@ -139,6 +144,7 @@ impl Engine {
             policies,
             waiters: Waiters::default(),
             cache: CompletedCache::new(cache_bytes),
+            granted: Granted::default(),
             audit: None,
             claim_limiter: None,
         }
@@ -189,9 +195,16 @@ impl Engine {
         Ok(Self::record_key(tenant, endpoint, key))
     }
 
+    /// The completed record for `id` from this replica's cache, if any.
+    fn cached(&self, id: &RecordKey, now_ms: i64) -> Option<Record> {
+        self.cache.get(id, now_ms).map(|cached| (*cached).clone())
+    }
+
+    /// The live record: from the cache when it holds it completed, else
+    /// from the store (a completed record read is cached).
     async fn read(&self, id: &RecordKey, now_ms: i64) -> EngineResult<Option<Record>> {
-        if let Some(cached) = self.cache.get(id, now_ms) {
-            return Ok(Some((*cached).clone()));
+        if let Some(cached) = self.cached(id, now_ms) {
+            return Ok(Some(cached));
         }
         let record = self.store.get(id, now_ms).await?;
         if let Some(record) = &record {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::clock::ManualClock;
+use crate::clock::{Clock, ManualClock};
 use crate::store::memory::{MemoryStore, WriteFault};
 use crate::store::{RecordState, StoreError, StoredResponse};
 
@@ -106,6 +106,128 @@ fn precondition(result: EngineResult<impl std::fmt::Debug>) -> PreconditionReaso
         Err(EngineError::FailedPrecondition { reason, .. }) => reason,
         other => panic!("expected a failed precondition, got {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn the_holder_finishes_its_claim_without_a_read_on_the_granting_engine() {
+    let h = harness();
+    let lease = h.claimed(input(PAY, "k", "{}")).await;
+    let reads = h.store.reads();
+    h.complete(PAY, "k", &lease.lease_token, "ok")
+        .await
+        .expect("complete");
+    assert_eq!(
+        h.store.reads(),
+        reads,
+        "Complete went straight to its write"
+    );
+    let lease = h.claimed(input(PAY, "f", "{}")).await;
+    h.engine
+        .extend_lease(TENANT, PAY, "f", &lease.lease_token, Some(20_000))
+        .await
+        .expect("extend");
+    h.engine
+        .fail(
+            TENANT,
+            PAY,
+            "f",
+            &lease.lease_token,
+            Some(Disposition::Unknown),
+            "timeout",
+        )
+        .await
+        .expect("fail");
+    assert_eq!(h.store.reads(), reads + 1, "only the second Claim read");
+    let record = h.engine.lookup(TENANT, PAY, "f").await.expect("lookup");
+    assert_eq!(record.state, RecordState::Unknown);
+    assert_eq!(
+        record.lease_expires_at_ms,
+        h.clock.now_ms() + 20_000,
+        "the extended lease was the one remembered"
+    );
+}
+
+#[tokio::test]
+async fn a_claim_granted_by_another_replica_is_read_then_finished() {
+    let h = harness();
+    let other = Engine::new(
+        h.store.clone(),
+        Arc::new(h.clock.clone()),
+        Arc::new(PolicySet::default()),
+        0,
+    );
+    let lease = h.claimed(input(PAY, "k", "{}")).await;
+    let reads = h.store.reads();
+    other
+        .complete(TENANT, PAY, "k", &lease.lease_token, response("ok"))
+        .await
+        .expect("complete on the other replica");
+    assert_eq!(h.store.reads(), reads + 1, "it had to read the claim");
+    // The granting engine still remembers the claim: its memory must not
+    // turn a finished claim into a second completion.
+    assert_eq!(
+        precondition(h.complete(PAY, "k", &lease.lease_token, "different").await),
+        PreconditionReason::AlreadyCompleted
+    );
+    h.complete(PAY, "k", &lease.lease_token, "ok")
+        .await
+        .expect("a retried Complete with the same response");
+}
+
+#[tokio::test]
+async fn without_a_read_before_insert_the_insert_answers_for_an_existing_key() {
+    let clock = ManualClock::new(1_800_000_000_000);
+    let store = Arc::new(MemoryStore::inserting_first());
+    let engine = |cache_bytes| {
+        Engine::new(
+            store.clone(),
+            Arc::new(clock.clone()),
+            Arc::new(PolicySet::default()),
+            cache_bytes,
+        )
+    };
+    let (first, other) = (engine(1024 * 1024), engine(0));
+    let ClaimOutcome::Claimed(lease) = first
+        .claim(TENANT, input(PAY, "k", "{}"))
+        .await
+        .expect("claim")
+        .outcome
+    else {
+        panic!("a fresh key is claimed");
+    };
+    assert_eq!(store.reads(), 0, "a fresh key costs no read");
+    // Another replica, nothing cached: the in-flight claim is reported.
+    assert!(matches!(
+        other
+            .claim(TENANT, input(PAY, "k", "{}"))
+            .await
+            .expect("claim")
+            .outcome,
+        ClaimOutcome::InProgress { .. }
+    ));
+    first
+        .complete(TENANT, PAY, "k", &lease.lease_token, response("ok"))
+        .await
+        .expect("complete");
+    match other
+        .claim(TENANT, input(PAY, "k", "{}"))
+        .await
+        .expect("claim")
+        .outcome
+    {
+        ClaimOutcome::Replayed { response: r, .. } => assert_eq!(r, response("ok")),
+        outcome => panic!("expected a replay, got {outcome:?}"),
+    }
+    assert_eq!(
+        other
+            .claim(TENANT, input(PAY, "k", "{\"changed\":1}"))
+            .await
+            .expect("claim")
+            .outcome,
+        ClaimOutcome::Mismatch
+    );
+    assert_eq!(store.reads(), 0, "every answer came from the insert");
+    assert_eq!(store.len(), 1);
 }
 
 #[tokio::test]

@@ -64,6 +64,10 @@ impl Store for InstrumentedStore {
         self.inner.backend_name()
     }
 
+    fn read_before_insert(&self) -> bool {
+        self.inner.read_before_insert()
+    }
+
     async fn get(&self, id: &RecordKey, now_ms: i64) -> StoreResult<Option<Record>> {
         measured!(self, "get", self.inner.get(id, now_ms))
     }

@@ -157,6 +157,11 @@ fn decode_token(token: &[u8]) -> Option<(i64, String, String)> {
 pub struct MemoryStore {
     /// Everything, behind one lock (see the module docs).
     tables: Mutex<Tables>,
+    /// Calls of [`Store::get`]: lets engine tests prove a path does not read.
+    reads: std::sync::atomic::AtomicU64,
+    /// The answer of [`Store::read_before_insert`]: `false` makes the engine
+    /// treat this store like the CQL backend (engine tests of that path).
+    insert_first: bool,
 }
 
 impl MemoryStore {
@@ -165,10 +170,24 @@ impl MemoryStore {
         Self::default()
     }
 
+    /// A store for which Claim skips its read before inserting, as it does
+    /// on the CQL backend.
+    pub fn inserting_first() -> Self {
+        Self {
+            insert_first: true,
+            ..Self::default()
+        }
+    }
+
     /// Makes the next write (insert, replace or delete; reads are not
     /// affected) behave as `fault`; calls queue up, one per write.
     pub fn inject(&self, fault: WriteFault) {
         self.lock().faults.push(fault);
+    }
+
+    /// How many times [`Store::get`] was called.
+    pub fn reads(&self) -> u64 {
+        self.reads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Every record held, expired or not (for tests).
@@ -194,7 +213,13 @@ impl Store for MemoryStore {
         "memory"
     }
 
+    fn read_before_insert(&self) -> bool {
+        !self.insert_first
+    }
+
     async fn get(&self, id: &RecordKey, now_ms: i64) -> StoreResult<Option<Record>> {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tables = self.lock();
         tables.check()?;
         Ok(tables.live(id, now_ms).cloned())

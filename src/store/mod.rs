@@ -276,6 +276,19 @@ pub trait Store: Send + Sync + 'static {
     /// Short backend name for logs and metrics (`embedded`, `cql`).
     fn backend_name(&self) -> &'static str;
 
+    /// Whether Claim looks a key up before trying to create it. `true` (the
+    /// default) where a read is much cheaper than a conditional insert that
+    /// finds the key taken: the embedded store reads a snapshot in-process
+    /// but inserts through its one writer thread. `false` where the insert
+    /// costs about what a read does and reports the existing record anyway
+    /// (CQL: a read is a QUORUM round trip and `INSERT … IF NOT EXISTS`
+    /// returns the row it did not replace), so a fresh key saves the round
+    /// trip; a retry of a key this replica has not cached pays the insert
+    /// instead of the read. Either way the outcome is the same.
+    fn read_before_insert(&self) -> bool {
+        true
+    }
+
     /// The live record for `id`, or `None` if absent or expired.
     async fn get(&self, id: &RecordKey, now_ms: i64) -> StoreResult<Option<Record>>;
 

@@ -128,6 +128,61 @@ async fn two_replicas_on_one_cluster_have_one_winner_per_key() {
     kill9(replica_b);
 }
 
+/// A claim is never invisible to ListPending, whichever write idemd dies
+/// after: killed between the pending-index entry and the insert, nothing was
+/// claimed (the key is free, the stray entry is not listed); killed after the
+/// insert, before answering, the claim is listed once its lease runs out.
+/// Fails if the index entry is ever written after the insert (or off the
+/// reply path), since the second crash would then hide a claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_two_writes_never_hides_a_claim_from_list_pending() {
+    crate::cql_support::migrated_options().await;
+    let flags = cql_flags(crate::cql_support::TEST_KEYSPACE);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let tenant = unique("crash-points");
+    let lease = Duration::from_millis(1500);
+    for (point, key) in [
+        ("claim-after-index", "before"),
+        ("claim-after-insert", "after"),
+    ] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut command = crate::common::process::idemd_command(dir.path(), &flags);
+        command.env("IDEMD_CRASH_AT", point);
+        let mut doomed = crate::common::process::spawn_command(command);
+        let mut request = claim(PAYMENTS, key, 7);
+        request.lease = Some(dur(lease));
+        let answer = connect(doomed.addr)
+            .await
+            .claim(as_tenant(&tenant, request))
+            .await;
+        assert!(answer.is_err(), "{point}: idemd answered instead of dying");
+        let status = doomed.child.wait().expect("reaped");
+        assert!(!status.success(), "{point}: idemd exited cleanly");
+    }
+    tokio::time::sleep(lease + Duration::from_millis(500)).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let survivor = spawn(dir.path(), &flags);
+    let mut client = connect(survivor.addr).await;
+    let pending = client
+        .list_pending(as_tenant(&tenant, pb::ListPendingRequest::default()))
+        .await
+        .expect("list pending")
+        .into_inner();
+    let keys: Vec<&str> = pending.records.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, ["after"], "the claim that was written, and only it");
+    let fresh = client
+        .claim(as_tenant(&tenant, claim(PAYMENTS, "before", 7)))
+        .await
+        .expect("claim")
+        .into_inner();
+    assert_eq!(
+        outcome_name(&fresh),
+        "claimed",
+        "nothing was claimed before the crash"
+    );
+    kill9(survivor);
+}
+
 fn contender_record(key: &RecordKey, contender: usize, now: i64) -> Record {
     Record {
         id: key.clone(),

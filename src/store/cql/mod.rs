@@ -42,8 +42,19 @@
 //! # Pending index
 //!
 //! `pending_index` is written before the conditional write that makes a
-//! record due, deleted eagerly after the write that makes it not due, and
-//! verified against `records` on read (see the migration for the reasoning).
+//! record due (awaited: a crash between the two must never hide a claim from
+//! ListPending), deleted after the write that makes it not due (spawned, off
+//! the reply path: a lost delete only leaves a stale entry), and verified
+//! against `records` on read (see the migration for the reasoning).
+//!
+//! # Round trips of a fresh pair
+//!
+//! Claim: the index entry, then `INSERT … IF NOT EXISTS` (no read first:
+//! the insert returns the existing row when it does not apply). Complete:
+//! one `UPDATE … IF` when the engine granted the claim itself (see
+//! `engine::granted`), then the index delete in the background. Two LWTs and
+//! one plain write on the reply path, against two LWTs for the bare
+//! statements (docs/benchmarks.md has the measured ratio).
 //! Nothing correctness-critical lives in one replica's memory, so any number
 //! of idemd replicas can share a keyspace.
 
@@ -193,6 +204,38 @@ pub(crate) fn day_of(instant_ms: i64) -> i32 {
     i32::try_from(instant_ms.div_euclid(DAY_MS)).unwrap_or(i32::MAX)
 }
 
+/// Crash points for the tests that kill idemd between two writes
+/// (`tests/cql/cql_cluster.rs`): with the `cql-tests` feature, the
+/// environment variable `IDEMD_CRASH_AT` naming this point aborts the
+/// process here, as `kill -9` would. Compiled out of every other build.
+fn crash_point(name: &str) {
+    #[cfg(feature = "cql-tests")]
+    if std::env::var("IDEMD_CRASH_AT").is_ok_and(|at| at == name) {
+        std::process::abort();
+    }
+    #[cfg(not(feature = "cql-tests"))]
+    let _ = name;
+}
+
+/// Deletes one pending-index entry; a failure is logged, not returned (see
+/// [`CqlStore::index_delete`]).
+async fn delete_index_entry(
+    session: &Session,
+    statement: &PreparedStatement,
+    id: &RecordKey,
+    due: i64,
+) {
+    let result = session
+        .execute_unpaged(
+            statement,
+            (&id.tenant, day_of(due), due, &id.endpoint, &id.key),
+        )
+        .await;
+    if let Err(error) = result {
+        tracing::debug!(%error, "pending index cleanup failed; left for lazy removal");
+    }
+}
+
 /// Whether `current` is exactly the state `written` put there: the fields a
 /// transition changes, with the random lease token telling our write from
 /// any other.
@@ -326,16 +369,21 @@ impl CqlStore {
     /// Best effort: a failure only leaves a stale entry, which readers skip
     /// and delete later.
     async fn index_delete(&self, id: &RecordKey, due: i64) {
-        let result = self
-            .session
-            .execute_unpaged(
-                &self.statements.index_delete,
-                (&id.tenant, day_of(due), due, &id.endpoint, &id.key),
-            )
-            .await;
-        if let Err(error) = result {
-            tracing::debug!(%error, "pending index cleanup failed; left for lazy removal");
-        }
+        delete_index_entry(&self.session, &self.statements.index_delete, id, due).await;
+    }
+
+    /// [`CqlStore::index_delete`] off the reply path: the caller's answer
+    /// does not wait for a cleanup whose failure is harmless anyway (an
+    /// entry that outlives its due state is verified and dropped by
+    /// ListPending; a crash before the delete leaves the same). Saves a
+    /// round trip per Complete, Fail and lost insert race.
+    fn index_delete_later(&self, id: &RecordKey, due: i64) {
+        let (session, statement, id) = (
+            Arc::clone(&self.session),
+            self.statements.index_delete.clone(),
+            id.clone(),
+        );
+        tokio::spawn(async move { delete_index_entry(&session, &statement, &id, due).await });
     }
 
     /// After a write that replaced `old` by `new` (or deleted it): drop the
@@ -442,6 +490,12 @@ impl Store for CqlStore {
         "cql"
     }
 
+    /// A read is a QUORUM round trip, and the insert's LWT returns the row
+    /// it found (see [`Store::read_before_insert`]).
+    fn read_before_insert(&self) -> bool {
+        false
+    }
+
     async fn get(&self, id: &RecordKey, now_ms: i64) -> StoreResult<Option<Record>> {
         Ok(self.read(id, false).await?.filter(|r| r.is_live(now_ms)))
     }
@@ -450,11 +504,13 @@ impl Store for CqlStore {
         // Index first: a crash after this leaves an extra entry, never a
         // record that ListPending cannot find.
         self.index_put(record, now_ms).await?;
+        crash_point("claim-after-index");
         for _ in 0..INSERT_ROUNDS {
             if let Some(outcome) = self.try_insert(record, now_ms).await? {
+                crash_point("claim-after-insert");
                 if let (InsertOutcome::Exists(_), Some(due)) = (&outcome, record.pending_since_ms())
                 {
-                    self.index_delete(&record.id, due).await;
+                    self.index_delete_later(&record.id, due);
                 }
                 return Ok(outcome);
             }
@@ -501,7 +557,7 @@ impl Store for CqlStore {
             if expected.pending_since_ms != record.pending_since_ms()
                 && let Some(old_due) = expected.pending_since_ms
             {
-                self.index_delete(id, old_due).await;
+                self.index_delete_later(id, old_due);
             }
             return Ok(CasOutcome::Applied);
         }
@@ -548,7 +604,7 @@ impl Store for CqlStore {
         };
         if applied {
             if let Some(old_due) = expected.pending_since_ms {
-                self.index_delete(id, old_due).await;
+                self.index_delete_later(id, old_due);
             }
             return Ok(CasOutcome::Applied);
         }
