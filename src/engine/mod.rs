@@ -139,12 +139,12 @@ impl Engine {
         cache_bytes: usize,
     ) -> Self {
         Self {
+            granted: Granted::new(store.trusts_granted_records()),
             store,
             clock,
             policies,
             waiters: Waiters::default(),
             cache: CompletedCache::new(cache_bytes),
-            granted: Granted::default(),
             audit: None,
             claim_limiter: None,
         }

@@ -89,6 +89,66 @@ async fn acknowledged_writes_survive_kill_9() {
     kill9(process);
 }
 
+/// After `kill -9` (the log replayed at open, the pending index with it),
+/// ListPending lists every claim whose holder never finished, and nothing
+/// it did finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_pending_after_kill_9_lists_exactly_the_unfinished_claims() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let process = spawn(dir.path(), &[]);
+    let mut client = connect(process.addr).await;
+    let lease = Duration::from_millis(800);
+    let mut unfinished = Vec::new();
+    for i in 0..40 {
+        let key = format!("stuck-{i}");
+        let mut request = claim(PAYMENTS, &key, i);
+        request.lease = Some(dur(lease));
+        let granted = claimed(
+            &client
+                .claim(as_tenant("t", request))
+                .await
+                .expect("claim")
+                .into_inner(),
+        );
+        if i % 2 == 0 {
+            client
+                .complete(as_tenant(
+                    "t",
+                    pb::CompleteRequest {
+                        endpoint: PAYMENTS.into(),
+                        key,
+                        lease_token: granted.lease_token,
+                        response: Some(sample_response("done")),
+                    },
+                ))
+                .await
+                .expect("complete");
+        } else {
+            unfinished.push(key);
+        }
+    }
+    kill9(process);
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
+    let process = spawn(dir.path(), &[]);
+    let pending = connect(process.addr)
+        .await
+        .list_pending(as_tenant(
+            "t",
+            pb::ListPendingRequest {
+                page_size: 100,
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("list pending")
+        .into_inner();
+    let mut listed: Vec<String> = pending.records.into_iter().map(|r| r.key).collect();
+    listed.sort();
+    unfinished.sort();
+    assert_eq!(listed, unfinished);
+    kill9(process);
+}
+
 #[test]
 fn a_second_process_on_the_same_data_dir_refuses_to_start() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -50,10 +50,10 @@
 //! # Round trips of a fresh pair
 //!
 //! Claim: the index entry, then `INSERT … IF NOT EXISTS` (no read first:
-//! the insert returns the existing row when it does not apply). Complete:
-//! one `UPDATE … IF` when the engine granted the claim itself (see
-//! `engine::granted`), then the index delete in the background. Two LWTs and
-//! one plain write on the reply path, against two LWTs for the bare
+//! the insert returns the existing row when it does not apply). Complete: a
+//! QUORUM read, the `UPDATE … IF`, then the index delete in the background
+//! (the read stays: see [`Store::trusts_granted_records`]). Two LWTs, one
+//! read and one plain write on the reply path, against two LWTs for the bare
 //! statements (docs/benchmarks.md has the measured ratio).
 //! Nothing correctness-critical lives in one replica's memory, so any number
 //! of idemd replicas can share a keyspace.
@@ -217,25 +217,6 @@ fn crash_point(name: &str) {
     let _ = name;
 }
 
-/// Deletes one pending-index entry; a failure is logged, not returned (see
-/// [`CqlStore::index_delete`]).
-async fn delete_index_entry(
-    session: &Session,
-    statement: &PreparedStatement,
-    id: &RecordKey,
-    due: i64,
-) {
-    let result = session
-        .execute_unpaged(
-            statement,
-            (&id.tenant, day_of(due), due, &id.endpoint, &id.key),
-        )
-        .await;
-    if let Err(error) = result {
-        tracing::debug!(%error, "pending index cleanup failed; left for lazy removal");
-    }
-}
-
 /// Whether `current` is exactly the state `written` put there: the fields a
 /// transition changes, with the random lease token telling our write from
 /// any other.
@@ -345,59 +326,6 @@ impl CqlStore {
         Ok((applied, Some(row)))
     }
 
-    async fn index_put(&self, record: &Record, now_ms: i64) -> StoreResult<()> {
-        let Some(due) = record.pending_since_ms() else {
-            return Ok(());
-        };
-        self.session
-            .execute_unpaged(
-                &self.statements.index_put,
-                (
-                    &record.id.tenant,
-                    day_of(due),
-                    due,
-                    &record.id.endpoint,
-                    &record.id.key,
-                    ttl_seconds(record.expires_at_ms, now_ms),
-                ),
-            )
-            .await
-            .map_err(|e| unavailable("pending index write", e))?;
-        Ok(())
-    }
-
-    /// Best effort: a failure only leaves a stale entry, which readers skip
-    /// and delete later.
-    async fn index_delete(&self, id: &RecordKey, due: i64) {
-        delete_index_entry(&self.session, &self.statements.index_delete, id, due).await;
-    }
-
-    /// [`CqlStore::index_delete`] off the reply path: the caller's answer
-    /// does not wait for a cleanup whose failure is harmless anyway (an
-    /// entry that outlives its due state is verified and dropped by
-    /// ListPending; a crash before the delete leaves the same). Saves a
-    /// round trip per Complete, Fail and lost insert race.
-    fn index_delete_later(&self, id: &RecordKey, due: i64) {
-        let (session, statement, id) = (
-            Arc::clone(&self.session),
-            self.statements.index_delete.clone(),
-            id.clone(),
-        );
-        tokio::spawn(async move { delete_index_entry(&session, &statement, &id, due).await });
-    }
-
-    /// After a write that replaced `old` by `new` (or deleted it): drop the
-    /// index entry that no longer describes the record.
-    async fn index_after_write(&self, old: Option<&Record>, new: Option<&Record>) {
-        let old_due = old.and_then(Record::pending_since_ms);
-        let new_due = new.and_then(Record::pending_since_ms);
-        if let (Some(old_due), Some(old)) = (old_due, old)
-            && Some(old_due) != new_due
-        {
-            self.index_delete(&old.id, old_due).await;
-        }
-    }
-
     async fn try_insert(&self, record: &Record, now_ms: i64) -> StoreResult<Option<InsertOutcome>> {
         let id = &record.id;
         let bound = values([
@@ -493,6 +421,12 @@ impl Store for CqlStore {
     /// A read is a QUORUM round trip, and the insert's LWT returns the row
     /// it found (see [`Store::read_before_insert`]).
     fn read_before_insert(&self) -> bool {
+        false
+    }
+
+    /// See [`Store::trusts_granted_records`]: off on CQL until the
+    /// whole-cluster-restart loss it exposed is understood.
+    fn trusts_granted_records(&self) -> bool {
         false
     }
 

@@ -1,11 +1,91 @@
-//! The pending index as ListPending reads it: whether an entry still
-//! describes its record, and this backend's page tokens.
+//! The pending index: its writes (the entry before the write that makes a
+//! record due, the delete after the write that ends that), and how
+//! ListPending reads it: whether an entry still describes its record, and
+//! this backend's page tokens.
 
+use std::sync::Arc;
+
+use scylla::client::session::Session;
+use scylla::statement::prepared::PreparedStatement;
 use scylla::value::CqlValue;
 
-use super::INDEX_GRACE_MS;
 use super::rows::NamedRow;
-use crate::store::{Record, RecordState, StoreError, StoreResult};
+use super::{CqlStore, INDEX_GRACE_MS, day_of, ttl_seconds, unavailable};
+use crate::store::{Record, RecordKey, RecordState, StoreError, StoreResult};
+
+impl CqlStore {
+    pub(super) async fn index_put(&self, record: &Record, now_ms: i64) -> StoreResult<()> {
+        let Some(due) = record.pending_since_ms() else {
+            return Ok(());
+        };
+        self.session
+            .execute_unpaged(
+                &self.statements.index_put,
+                (
+                    &record.id.tenant,
+                    day_of(due),
+                    due,
+                    &record.id.endpoint,
+                    &record.id.key,
+                    ttl_seconds(record.expires_at_ms, now_ms),
+                ),
+            )
+            .await
+            .map_err(|e| unavailable("pending index write", e))?;
+        Ok(())
+    }
+
+    /// Best effort: a failure only leaves a stale entry, which readers skip
+    /// and delete later.
+    pub(super) async fn index_delete(&self, id: &RecordKey, due: i64) {
+        delete_index_entry(&self.session, &self.statements.index_delete, id, due).await;
+    }
+
+    /// [`CqlStore::index_delete`] off the reply path: the caller's answer
+    /// does not wait for a cleanup whose failure is harmless anyway (an
+    /// entry that outlives its due state is verified and dropped by
+    /// ListPending; a crash before the delete leaves the same). Saves a
+    /// round trip per Complete, Fail and lost insert race.
+    pub(super) fn index_delete_later(&self, id: &RecordKey, due: i64) {
+        let (session, statement, id) = (
+            Arc::clone(&self.session),
+            self.statements.index_delete.clone(),
+            id.clone(),
+        );
+        tokio::spawn(async move { delete_index_entry(&session, &statement, &id, due).await });
+    }
+
+    /// After a write that replaced `old` by `new` (or deleted it): drop the
+    /// index entry that no longer describes the record.
+    pub(super) async fn index_after_write(&self, old: Option<&Record>, new: Option<&Record>) {
+        let old_due = old.and_then(Record::pending_since_ms);
+        let new_due = new.and_then(Record::pending_since_ms);
+        if let (Some(old_due), Some(old)) = (old_due, old)
+            && Some(old_due) != new_due
+        {
+            self.index_delete(&old.id, old_due).await;
+        }
+    }
+}
+
+/// Deletes one pending-index entry; a failure is logged, not returned (see
+/// [`CqlStore::index_delete`]).
+async fn delete_index_entry(
+    session: &Session,
+    statement: &PreparedStatement,
+    id: &RecordKey,
+    due: i64,
+) {
+    let result = session
+        .execute_unpaged(
+            statement,
+            (&id.tenant, day_of(due), due, &id.endpoint, &id.key),
+        )
+        .await;
+    if let Err(error) = result {
+        tracing::debug!(%error, "pending index cleanup failed; left for lazy removal");
+    }
+}
 
 /// What an index entry says about its record.
 #[derive(Debug, PartialEq, Eq)]
