@@ -28,8 +28,8 @@
 //!
 //! Off for stores that say so ([`crate::store::Store::trusts_granted_records`]):
 //! the CQL backend, where the fault suite's whole-cluster restart lost
-//! acknowledged writes with it on (5 runs of 5) and never with it off (3 of
-//! 3); see that method for what is known.
+//! acknowledged writes with it on (5 runs of 5); see that method for what
+//! is known.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

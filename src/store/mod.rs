@@ -277,14 +277,14 @@ pub trait Store: Send + Sync + 'static {
     fn backend_name(&self) -> &'static str;
 
     /// Whether Claim looks a key up before trying to create it. `true` (the
-    /// default) where a read is much cheaper than a conditional insert that
-    /// finds the key taken: the embedded store reads a snapshot in-process
-    /// but inserts through its one writer thread. `false` where the insert
-    /// costs about what a read does and reports the existing record anyway
-    /// (CQL: a read is a QUORUM round trip and `INSERT … IF NOT EXISTS`
-    /// returns the row it did not replace), so a fresh key saves the round
-    /// trip; a retry of a key this replica has not cached pays the insert
-    /// instead of the read. Either way the outcome is the same.
+    /// default, every backend today) reads first. `false` lets the engine go
+    /// straight to the conditional insert, which reports the existing record
+    /// anyway: for a backend whose read is a network round trip (CQL: a
+    /// QUORUM read, and `INSERT … IF NOT EXISTS` returns the row it did not
+    /// replace) that saves the round trip per fresh key. CQL measured it in
+    /// issue 15 and keeps `true` for now: see the module docs of
+    /// `store::cql`. The engine's tests cover the `false` path
+    /// (`MemoryStore::inserting_first`).
     fn read_before_insert(&self) -> bool {
         true
     }
@@ -294,17 +294,19 @@ pub trait Store: Send + Sync + 'static {
     /// without reading first (see `engine::granted`). `true` (the default)
     /// where one process applies every write in order (embedded, memory).
     ///
-    /// `false` for CQL, from measurement rather than proof: with it on, the
-    /// fault suite's `cql-cluster-restart` (every Cassandra node killed with
-    /// `SIGKILL`, then restarted) lost acknowledged claims and completions
-    /// in 5 runs of 5 (1 to 7 keys of ~1,000: a claim whose Complete then
-    /// found no row, a Complete acknowledged and read back IN_PROGRESS, a
-    /// key claimed twice), and never with the read first (3 runs of 3, and
-    /// every earlier run of the suite). The two differ only in
-    /// a QUORUM read between the claim's LWT and the Complete's LWT; the
-    /// suspect is how Paxos v2 commits an LWT that is acknowledged right
-    /// before the whole cluster dies. Until that is understood, a lease
-    /// holder's write on CQL reads first.
+    /// `false` for CQL, from measurement rather than proof. With it on
+    /// (and the Claim's read off), the fault suite's `cql-cluster-restart`
+    /// (every Cassandra node killed with `SIGKILL`, then restarted) lost
+    /// acknowledged claims and completions in 5 runs of 5 (1 to 7 keys of
+    /// ~1,000: a claim whose Complete then found no row, a Complete
+    /// acknowledged and read back IN_PROGRESS, a key claimed twice). With
+    /// it off it passed 3 times, then lost 3 claims in the fourth run (more
+    /// keys per run than the passing ones); with both reads back it passed
+    /// 2 runs of 2, as every run before issue 15 did. The losses grow with
+    /// the write rate at the moment the cluster dies, so a lower rate may
+    /// only hide the same defect; the suspect is how Paxos v2 commits an
+    /// LWT acknowledged right before every replica dies. Until it is
+    /// understood, a lease holder's write on CQL reads first.
     fn trusts_granted_records(&self) -> bool {
         true
     }

@@ -42,19 +42,25 @@
 //! # Pending index
 //!
 //! `pending_index` is written before the conditional write that makes a
-//! record due (awaited: a crash between the two must never hide a claim from
-//! ListPending), deleted after the write that makes it not due (spawned, off
-//! the reply path: a lost delete only leaves a stale entry), and verified
-//! against `records` on read (see the migration for the reasoning).
+//! record due (a crash between the two must never hide a claim from
+//! ListPending: `a_crash_between_two_writes_never_hides_a_claim_from_list_pending`
+//! kills idemd there), deleted eagerly after the write that makes it not
+//! due, and verified against `records` on read (see the migration for the
+//! reasoning).
 //!
 //! # Round trips of a fresh pair
 //!
-//! Claim: the index entry, then `INSERT … IF NOT EXISTS` (no read first:
-//! the insert returns the existing row when it does not apply). Complete: a
-//! QUORUM read, the `UPDATE … IF`, then the index delete in the background
-//! (the read stays: see [`Store::trusts_granted_records`]). Two LWTs, one
-//! read and one plain write on the reply path, against two LWTs for the bare
-//! statements (docs/benchmarks.md has the measured ratio).
+//! Claim: a QUORUM read, the index entry, `INSERT … IF NOT EXISTS`.
+//! Complete: a QUORUM read, `UPDATE … IF`, the index delete. The raw
+//! statements need only the two LWTs. Issue 15 measured dropping both reads
+//! (the insert returns the row it found; the engine remembers the claims it
+//! granted) and moving the delete off the reply path: CQL pairs went from
+//! 0.31-0.54x to 0.46-0.70x of raw LWTs, but the fault suite's
+//! `cql-cluster-restart` then lost acknowledged claims in 6 runs of 7, and
+//! not once in 5 runs with these paths as they are. Until that is
+//! understood the paths stay as they are; see
+//! [`Store::read_before_insert`] and [`Store::trusts_granted_records`].
+//!
 //! Nothing correctness-critical lives in one replica's memory, so any number
 //! of idemd replicas can share a keyspace.
 
@@ -418,14 +424,8 @@ impl Store for CqlStore {
         "cql"
     }
 
-    /// A read is a QUORUM round trip, and the insert's LWT returns the row
-    /// it found (see [`Store::read_before_insert`]).
-    fn read_before_insert(&self) -> bool {
-        false
-    }
-
-    /// See [`Store::trusts_granted_records`]: off on CQL until the
-    /// whole-cluster-restart loss it exposed is understood.
+    /// See [`Store::trusts_granted_records`] and the module docs: off on
+    /// CQL until the whole-cluster-restart loss is understood.
     fn trusts_granted_records(&self) -> bool {
         false
     }
@@ -444,7 +444,7 @@ impl Store for CqlStore {
                 crash_point("claim-after-insert");
                 if let (InsertOutcome::Exists(_), Some(due)) = (&outcome, record.pending_since_ms())
                 {
-                    self.index_delete_later(&record.id, due);
+                    self.index_delete(&record.id, due).await;
                 }
                 return Ok(outcome);
             }
@@ -491,7 +491,7 @@ impl Store for CqlStore {
             if expected.pending_since_ms != record.pending_since_ms()
                 && let Some(old_due) = expected.pending_since_ms
             {
-                self.index_delete_later(id, old_due);
+                self.index_delete(id, old_due).await;
             }
             return Ok(CasOutcome::Applied);
         }
@@ -538,7 +538,7 @@ impl Store for CqlStore {
         };
         if applied {
             if let Some(old_due) = expected.pending_since_ms {
-                self.index_delete_later(id, old_due);
+                self.index_delete(id, old_due).await;
             }
             return Ok(CasOutcome::Applied);
         }

@@ -3,8 +3,6 @@
 //! ListPending reads it: whether an entry still describes its record, and
 //! this backend's page tokens.
 
-use std::sync::Arc;
-
 use scylla::client::session::Session;
 use scylla::statement::prepared::PreparedStatement;
 use scylla::value::CqlValue;
@@ -39,20 +37,6 @@ impl CqlStore {
     /// and delete later.
     pub(super) async fn index_delete(&self, id: &RecordKey, due: i64) {
         delete_index_entry(&self.session, &self.statements.index_delete, id, due).await;
-    }
-
-    /// [`CqlStore::index_delete`] off the reply path: the caller's answer
-    /// does not wait for a cleanup whose failure is harmless anyway (an
-    /// entry that outlives its due state is verified and dropped by
-    /// ListPending; a crash before the delete leaves the same). Saves a
-    /// round trip per Complete, Fail and lost insert race.
-    pub(super) fn index_delete_later(&self, id: &RecordKey, due: i64) {
-        let (session, statement, id) = (
-            Arc::clone(&self.session),
-            self.statements.index_delete.clone(),
-            id.clone(),
-        );
-        tokio::spawn(async move { delete_index_entry(&session, &statement, &id, due).await });
     }
 
     /// After a write that replaced `old` by `new` (or deleted it): drop the
