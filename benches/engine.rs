@@ -116,7 +116,6 @@ fn response() -> StoredResponse {
 
 /// One fresh pair through the engine.
 async fn engine_pair(engine: &Engine, key: String) {
-    let endpoint = ENDPOINT;
     let result = engine
         .claim(TENANT, claim_input(key.clone()))
         .await
@@ -125,7 +124,7 @@ async fn engine_pair(engine: &Engine, key: String) {
         panic!("a fresh key was not claimed: {:?}", result.outcome);
     };
     engine
-        .complete(TENANT, endpoint, &key, &lease.lease_token, response())
+        .complete(TENANT, ENDPOINT, &key, &lease.lease_token, response())
         .await
         .expect("complete");
 }

@@ -45,6 +45,16 @@ fn harness() -> Harness {
     }
 }
 
+/// Another engine (replica) over `store`, with default policies.
+fn replica(store: Arc<MemoryStore>, clock: &ManualClock, cache_bytes: usize) -> Engine {
+    Engine::new(
+        store,
+        Arc::new(clock.clone()),
+        Arc::new(PolicySet::default()),
+        cache_bytes,
+    )
+}
+
 fn input(endpoint: &str, key: &str, body: &str) -> ClaimInput {
     ClaimInput {
         endpoint: endpoint.to_string(),
@@ -150,12 +160,7 @@ async fn the_holder_finishes_its_claim_without_a_read_on_the_granting_engine() {
 #[tokio::test]
 async fn a_claim_granted_by_another_replica_is_read_then_finished() {
     let h = harness();
-    let other = Engine::new(
-        h.store.clone(),
-        Arc::new(h.clock.clone()),
-        Arc::new(PolicySet::default()),
-        0,
-    );
+    let other = replica(h.store.clone(), &h.clock, 0);
     let lease = h.claimed(input(PAY, "k", "{}")).await;
     let reads = h.store.reads();
     other
@@ -178,15 +183,10 @@ async fn a_claim_granted_by_another_replica_is_read_then_finished() {
 async fn without_a_read_before_insert_the_insert_answers_for_an_existing_key() {
     let clock = ManualClock::new(1_800_000_000_000);
     let store = Arc::new(MemoryStore::inserting_first());
-    let engine = |cache_bytes| {
-        Engine::new(
-            store.clone(),
-            Arc::new(clock.clone()),
-            Arc::new(PolicySet::default()),
-            cache_bytes,
-        )
-    };
-    let (first, other) = (engine(1024 * 1024), engine(0));
+    let (first, other) = (
+        replica(store.clone(), &clock, 1024 * 1024),
+        replica(store.clone(), &clock, 0),
+    );
     let ClaimOutcome::Claimed(lease) = first
         .claim(TENANT, input(PAY, "k", "{}"))
         .await
