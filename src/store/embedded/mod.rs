@@ -120,8 +120,10 @@ pub const DATABASE_FILE: &str = "idemd.redb";
 /// Default page cache of the embedded store (redb's cache). Fresh keys are
 /// written at random places in the B-trees, so a bigger cache mostly holds
 /// pages that will not be touched again soon; the OS page cache, which is not
-/// charged to idemd's resident memory, backs it.
-pub const DEFAULT_CACHE_BYTES: usize = 16 * 1024 * 1024;
+/// charged to idemd's resident memory, backs it. 8 MiB rather than 16: at
+/// 1,000 requests in flight it brought the resident peak from 64 to 54-58 MiB
+/// with no measurable change in fresh pairs/s (issue 15, docs/benchmarks.md).
+pub const DEFAULT_CACHE_BYTES: usize = 8 * 1024 * 1024;
 
 /// Tunables of the embedded store.
 #[derive(Debug, Clone)]
