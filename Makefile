@@ -11,7 +11,7 @@ IDEMD_BIN ?= $(TARGET_DIR)/debug/idemd
 IDEMD_TEST_CERTS ?= $(TARGET_DIR)/test-certs
 SDKS := python go typescript java
 
-.PHONY: all build release test fmt-check clippy cargo-test cql-test observability-test helm-test sdk-test $(addprefix sdk-,$(SDKS)) test-certs fuzz-smoke deny bench bench-smoke bench-soak faults faults-smoke run clean
+.PHONY: all build release test fmt-check clippy cargo-test cql-test observability-test helm-test sdk-test $(addprefix sdk-,$(SDKS)) test-certs fuzz-smoke deny bench bench-proxy bench-smoke bench-soak faults faults-smoke run clean
 
 all: build
 
@@ -90,6 +90,12 @@ bench:
 	scripts/with-cassandra.sh -- $(TARGET_DIR)/release/idemd-bench compare \
 		--require-cql --out-dir bench/results \
 		--ghz "$$tools/ghz" --go-sdk-loop "$$tools/bench-go-loop" $(BENCH_ARGS)
+
+## bench-proxy: the overhead of `idemd proxy` against calling its upstream
+## directly, with wrk (installed from Debian), at 1 and 64 in flight.
+bench-proxy:
+	$(CARGO) build --release -p idemd -p idemd-bench
+	CARGO_TARGET_DIR=$(TARGET_DIR) bench/scripts/proxy.sh $(PROXY_BENCH_DURATION)
 
 ## bench-smoke: builds the bench and runs a few seconds of idemd-embedded and
 ## the no-op server (fresh, conflict) and a short one-in-flight phase through

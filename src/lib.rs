@@ -23,6 +23,10 @@
 //! * [`api`]: the gRPC handlers. Converts protobuf messages to engine calls
 //!   and maps every engine error to a `tonic::Status` in one place
 //!   ([`api::status`]). Never touches a database type.
+//! * [`web`]: the HTTP front doors above the gRPC layer: the API over
+//!   HTTP/JSON (`--http-listen`) and `idemd proxy`, the `Idempotency-Key`
+//!   sidecar in front of an HTTP service. Both call the gRPC handlers in
+//!   process, so auth, limits, metrics and statuses are the gRPC port's.
 //! * [`engine`]: the idempotency state machine (claim, complete, fail,
 //!   extend, lookup, pending, reconcile), input validation, waiting for
 //!   in-flight duplicates and the completed-record cache. Backend-generic.
@@ -65,3 +69,4 @@ pub mod server;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
+pub mod web;

@@ -97,8 +97,9 @@ fn migrate(args: &MigrateArgs) -> ExitCode {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let args = match cli.command {
-        Some(Command::Serve(args)) => args,
+    let settings = match cli.command {
+        Some(Command::Serve(args)) => Settings::from_args(&args),
+        Some(Command::Proxy(args)) => Settings::from_proxy_args(&args),
         Some(Command::Migrate(args)) => return migrate(&args),
         Some(Command::Audit(args)) => {
             let runtime = match runtime() {
@@ -113,9 +114,9 @@ fn main() -> ExitCode {
                 }
             };
         }
-        None => cli.serve,
+        None => Settings::from_args(&cli.serve),
     };
-    let settings = match Settings::from_args(&args) {
+    let settings = match settings {
         Ok(settings) => settings,
         Err(error) => {
             eprintln!("idemd: invalid configuration: {error}");

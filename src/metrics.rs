@@ -54,6 +54,12 @@ pub const RATE_LIMITED: &str = "idemd_rate_limited_total";
 /// Reloads of watched files (tokens, client tenants, certificates), by
 /// source and result (`ok`, `error`: the previous version stays).
 pub const RELOADS: &str = "idemd_reloads_total";
+/// Requests through `idemd proxy` by outcome: executed, replayed,
+/// in_progress, mismatch, pending, rejected, passthrough, released,
+/// upstream_unavailable, upstream_unknown, too_large, unrecorded.
+pub const PROXY_REQUESTS: &str = "idemd_proxy_requests_total";
+/// Time `idemd proxy` waited for its upstream's answer.
+pub const PROXY_UPSTREAM_DURATION: &str = "idemd_proxy_upstream_duration_seconds";
 /// Label values replaced by `_other` because of the cardinality cap.
 pub const LABEL_OVERFLOW: &str = "idemd_metric_label_overflow_total";
 
@@ -130,6 +136,14 @@ pub fn describe() {
         "Size of stored responses."
     );
     describe_gauge!(BUILD_INFO, "Build information.");
+    describe_counter!(
+        PROXY_REQUESTS,
+        "Requests through idemd proxy by outcome (executed, replayed, in_progress, mismatch, pending, rejected, passthrough, released, upstream_unavailable, upstream_unknown, too_large, unrecorded)."
+    );
+    describe_histogram!(
+        PROXY_UPSTREAM_DURATION,
+        "Time idemd proxy waited for its upstream's answer."
+    );
     describe_counter!(
         RELOADS,
         "Reloads of watched files by source and result; error keeps the previous version in force."

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
 
@@ -38,6 +38,10 @@ use crate::store::cql::CqlStore;
 use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::store::instrumented::InstrumentedStore;
 use crate::tls::TlsServer;
+use crate::web::ConnectionCerts;
+
+/// A request on one of the HTTP front doors.
+type HttpRequest = http::Request<hyper::body::Incoming>;
 
 /// Fully qualified name of the service, as health checks know it.
 pub const SERVICE_NAME: &str = "idemd.v1.Idempotency";
@@ -232,8 +236,13 @@ delegate! {
 
 /// A server that is running.
 pub struct RunningServer {
-    /// The address actually bound (useful with port 0).
+    /// The gRPC port actually bound (useful with port 0); for `idemd
+    /// proxy` without a gRPC port, the proxy's.
     pub local_addr: SocketAddr,
+    /// The HTTP/JSON API's address, when it is on.
+    pub http_addr: Option<SocketAddr>,
+    /// The proxy's address, for `idemd proxy`.
+    pub proxy_addr: Option<SocketAddr>,
     /// Triggers graceful shutdown.
     shutdown: watch::Sender<bool>,
     /// The serving task; resolves after the store is closed.
@@ -409,17 +418,32 @@ where
             tracing::error!(%address, %error, "metrics exporter not started");
         }
     }
-    let listener =
-        TcpListener::bind(settings.listen)
-            .await
-            .map_err(|source| ServerError::Bind {
-                address: settings.listen,
-                source,
-            })?;
-    let local_addr = listener.local_addr().map_err(|source| ServerError::Bind {
-        address: settings.listen,
-        source,
-    })?;
+    // Every port is bound before the store opens, so a busy port fails
+    // start-up at once and orchestrators see the ports early.
+    let grpc_listener = match settings.listen {
+        Some(address) => Some(bind(address).await?),
+        None => None,
+    };
+    let http_listener = match settings.http_listen {
+        Some(address) => Some(bind(address).await?),
+        None => None,
+    };
+    let proxy_listener = match &settings.proxy {
+        Some(proxy) => Some(bind(proxy.listen).await?),
+        None => None,
+    };
+    let address_of = |listener: &Option<(TcpListener, SocketAddr)>| {
+        listener.as_ref().map(|(_, address)| *address)
+    };
+    let (grpc_addr, http_addr, proxy_addr) = (
+        address_of(&grpc_listener),
+        address_of(&http_listener),
+        address_of(&proxy_listener),
+    );
+    let local_addr = grpc_addr
+        .or(proxy_addr)
+        .or(http_addr)
+        .ok_or_else(|| ServerError::Task("no listener".to_string()))?;
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -473,31 +497,67 @@ where
             .await;
         tracing::info!("shutting down: draining in-flight requests");
     };
-    type Serving =
-        std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>>;
-    let serve: Serving = match &tls {
-        // Our acceptor does the TLS handshakes (see `crate::tls` for why
-        // not tonic's); tonic serves the finished streams.
-        Some(tls) => {
-            Box::pin(router.serve_with_incoming_shutdown(tls.incoming(listener, accept_rx), signal))
-        }
-        None => {
-            Box::pin(router.serve_with_incoming_shutdown(crate::net::incoming(listener), signal))
-        }
-    };
-    let serve_task = tokio::spawn(serve);
+    // Every listener's serving task; on shutdown each drains its own
+    // connections, all within the one drain timeout below.
+    let mut serving: JoinSet<Result<(), ServerError>> = JoinSet::new();
+    if let Some((listener, _)) = grpc_listener {
+        type Serving =
+            std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>>;
+        let serve: Serving = match &tls {
+            // Our acceptor does the TLS handshakes (see `crate::tls` for why
+            // not tonic's); tonic serves the finished streams.
+            Some(tls) => Box::pin(
+                router.serve_with_incoming_shutdown(tls.incoming(listener, accept_rx), signal),
+            ),
+            None => Box::pin(
+                router.serve_with_incoming_shutdown(crate::net::incoming(listener), signal),
+            ),
+        };
+        serving.spawn(async move { serve.await.map_err(ServerError::from) });
+    } else {
+        serving.spawn(async move {
+            signal.await;
+            Ok(())
+        });
+    }
+    if let Some((listener, _)) = http_listener {
+        let services = slot.clone();
+        let handler = move |request: HttpRequest, certs: ConnectionCerts| {
+            let services = services.clone();
+            async move { crate::web::api::handle(&services, request, &certs).await }
+        };
+        let shutdown = drain_rx.clone();
+        let tls = tls.clone();
+        serving.spawn(async move {
+            crate::web::serve::serve(listener, tls, shutdown, handler).await;
+            Ok(())
+        });
+    }
+    if let (Some((listener, _)), Some(proxy)) = (proxy_listener, &settings.proxy) {
+        let proxy = crate::web::proxy::Proxy::new(slot.clone(), proxy)?;
+        let handler = move |request: HttpRequest, certs: ConnectionCerts| {
+            let proxy = proxy.clone();
+            async move { proxy.handle(request, certs).await }
+        };
+        let shutdown = drain_rx.clone();
+        let tls = tls.clone();
+        serving.spawn(async move {
+            crate::web::serve::serve(listener, tls, shutdown, handler).await;
+            Ok(())
+        });
+    }
 
     let store: Arc<dyn Store> = match open_store.await {
         Ok(store) => Arc::new(InstrumentedStore::new(store)),
         Err(error) => {
-            serve_task.abort();
+            serving.abort_all();
             return Err(error);
         }
     };
     let audit = match open_audit(&settings).await {
         Ok(audit) => audit,
         Err(error) => {
-            serve_task.abort();
+            serving.abort_all();
             return Err(error);
         }
     };
@@ -525,7 +585,9 @@ where
         .set_service_status(SERVICE_NAME, ServingStatus::Serving)
         .await;
     tracing::info!(
-        address = %local_addr,
+        grpc = ?grpc_addr,
+        http = ?http_addr,
+        proxy = ?proxy_addr,
         store = store.backend_name(),
         auth = auth.is_enabled(),
         audit = audit.is_some(),
@@ -545,19 +607,33 @@ where
     let watcher = (!reloader.is_empty()).then(|| tokio::spawn(reloader.run()));
     let drain_timeout = settings.drain_timeout;
     let task = tokio::spawn(async move {
-        let mut serve_task = serve_task;
+        let mut serving = serving;
         let drain_deadline = async {
             let _ = drain_rx.wait_for(|stop| *stop).await;
             tokio::time::sleep(drain_timeout).await;
         };
+        // The first error of any listener, or Ok once all have drained.
+        let all_served = async {
+            let mut outcome = Ok(Ok(()));
+            while let Some(result) = serving.join_next().await {
+                match result {
+                    Ok(Ok(())) => {}
+                    failed => {
+                        outcome = failed;
+                        break;
+                    }
+                }
+            }
+            outcome
+        };
         let served = tokio::select! {
-            result = &mut serve_task => result,
+            result = all_served => result,
             () = drain_deadline => {
                 tracing::warn!(timeout = ?drain_timeout, "drain timeout: abandoning in-flight requests");
-                serve_task.abort();
                 Ok(Ok(()))
             }
         };
+        serving.abort_all();
         sweeper.abort();
         if let Some(watcher) = &watcher {
             watcher.abort();
@@ -579,10 +655,20 @@ where
     });
     Ok(RunningServer {
         local_addr,
+        http_addr,
+        proxy_addr,
         shutdown: shutdown_tx,
         task,
         reloads,
     })
+}
+
+/// Binds `address`, returning the listener and the address bound.
+async fn bind(address: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerError> {
+    let bind_error = |source| ServerError::Bind { address, source };
+    let listener = TcpListener::bind(address).await.map_err(bind_error)?;
+    let local = listener.local_addr().map_err(bind_error)?;
+    Ok((listener, local))
 }
 
 /// How often the pending gauges are recomputed from the pending index.

@@ -164,6 +164,9 @@ impl ResolvesServerCert for ReloadingCert {
 #[derive(Debug, Clone)]
 pub struct TlsServer {
     inner: Arc<TlsInner>,
+    /// ALPN protocols offered by this listener when they differ from the
+    /// gRPC port's `h2` (the HTTP/1.1 front doors, see [`Self::with_alpn`]).
+    alpn: Option<Arc<[Vec<u8>]>>,
 }
 
 #[derive(Debug)]
@@ -197,7 +200,19 @@ impl TlsServer {
                 config: RwLock::new(config),
                 stamps: Mutex::new(stamps),
             }),
+            alpn: None,
         })
+    }
+
+    /// The same certificates, client CA and reloading, for a listener that
+    /// speaks other protocols than gRPC's `h2` (the HTTP front doors serve
+    /// HTTP/1.1, and a client offering only `http/1.1` would fail the
+    /// handshake against `h2` alone).
+    pub fn with_alpn(&self, protocols: &[&[u8]]) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            alpn: Some(protocols.iter().map(|p| p.to_vec()).collect()),
+        }
     }
 
     /// Whether client certificates are required.
@@ -284,9 +299,17 @@ impl TlsServer {
     }
 
     fn acceptor(&self) -> TlsAcceptor {
-        TlsAcceptor::from(Arc::clone(
-            &self.inner.config.read().unwrap_or_else(|e| e.into_inner()),
-        ))
+        let config = Arc::clone(&self.inner.config.read().unwrap_or_else(|e| e.into_inner()));
+        match &self.alpn {
+            None => TlsAcceptor::from(config),
+            // A copy per handshake: it shares the certificate resolver and
+            // verifier (both `Arc`s), so reloads still apply.
+            Some(alpn) => {
+                let mut config = (*config).clone();
+                config.alpn_protocols = alpn.to_vec();
+                TlsAcceptor::from(Arc::new(config))
+            }
+        }
     }
 }
 

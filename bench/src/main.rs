@@ -8,6 +8,7 @@
 //! idemd-bench compare [--runs 3] [--pin] [--out-dir bench/results]
 //! idemd-bench soak [--soak 10m] [--load-fraction 0.5]
 //! idemd-bench noop-server --listen 127.0.0.1:0
+//! idemd-bench upstream --listen 127.0.0.1:0 --work 1ms
 //! ```
 //!
 //! See `docs/benchmarks.md` for what each figure means and the latest
@@ -21,6 +22,7 @@ mod report;
 mod servers;
 mod suite;
 mod systems;
+mod upstream;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -53,6 +55,16 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: SocketAddr,
     },
+    /// Serves the proxy benchmark's upstream (HTTP/1.1, `--work` per
+    /// request); prints its address.
+    Upstream {
+        /// Address to listen on (port 0 picks a free one).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: SocketAddr,
+        /// Time each request takes.
+        #[arg(long, default_value = "1ms")]
+        work: humantime::Duration,
+    },
 }
 
 fn main() -> ExitCode {
@@ -61,7 +73,7 @@ fn main() -> ExitCode {
         Command::Run(args) => args.common.pin,
         Command::Compare(args) => args.common.pin,
         Command::Soak(args) => args.common.pin,
-        Command::NoopServer { .. } => false,
+        Command::NoopServer { .. } | Command::Upstream { .. } => false,
     };
     // Before the runtime exists, so that every thread it starts inherits
     // the client core.
@@ -85,6 +97,9 @@ fn main() -> ExitCode {
             Command::Compare(args) => suite::compare(args).await,
             Command::Soak(args) => suite::soak(args).await,
             Command::NoopServer { listen } => noop::serve(listen).await.map(|()| true),
+            Command::Upstream { listen, work } => {
+                upstream::serve(listen, work.into()).await.map(|()| true)
+            }
         }
     });
     match result {

@@ -230,6 +230,15 @@ func invariants(t *testing.T, docs []Doc) {
 	pod := serverPod(t, docs)
 	c := pod.Spec.Containers[0]
 	env := envOf(c)
+	// `idemd proxy` (proxy.enabled) serves gRPC on IDEMD_GRPC_LISTEN; it must
+	// serve it, since the probes are gRPC.
+	grpcListen := "IDEMD_LISTEN"
+	if len(c.Args) > 0 && c.Args[0] == "proxy" {
+		grpcListen = "IDEMD_GRPC_LISTEN"
+		if _, ok := env["IDEMD_LISTEN"]; ok {
+			t.Errorf("idemd proxy is given IDEMD_LISTEN, which it does not read")
+		}
+	}
 	for name, probe := range map[string]*corev1.Probe{"startup": c.StartupProbe, "readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
 		if _, tls := env["IDEMD_TLS_CERT"]; tls {
 			// The kubelet's gRPC probes cannot speak TLS: with TLS the
@@ -238,8 +247,8 @@ func invariants(t *testing.T, docs []Doc) {
 				t.Errorf("%s probe with TLS on is not tcpSocket", name)
 				continue
 			}
-			if !strings.HasSuffix(env["IDEMD_LISTEN"].Value, ":"+probe.TCPSocket.Port.String()) {
-				t.Errorf("%s probe port %s is not the listen address %s", name, probe.TCPSocket.Port.String(), env["IDEMD_LISTEN"].Value)
+			if !strings.HasSuffix(env[grpcListen].Value, ":"+probe.TCPSocket.Port.String()) {
+				t.Errorf("%s probe port %s is not the listen address %s", name, probe.TCPSocket.Port.String(), env[grpcListen].Value)
 			}
 			continue
 		}
@@ -254,8 +263,8 @@ func invariants(t *testing.T, docs []Doc) {
 		if probe.GRPC.Service == nil || *probe.GRPC.Service != want {
 			t.Errorf("%s probe asks grpc.health.v1 for %v, want %q", name, probe.GRPC.Service, want)
 		}
-		if !strings.HasSuffix(env["IDEMD_LISTEN"].Value, ":"+strconv.Itoa(int(probe.GRPC.Port))) {
-			t.Errorf("%s probe port %d is not the listen address %s", name, probe.GRPC.Port, env["IDEMD_LISTEN"].Value)
+		if !strings.HasSuffix(env[grpcListen].Value, ":"+strconv.Itoa(int(probe.GRPC.Port))) {
+			t.Errorf("%s probe port %d is not the listen address %s", name, probe.GRPC.Port, env[grpcListen].Value)
 		}
 	}
 	drain, err := strconv.Atoi(strings.TrimSuffix(env["IDEMD_DRAIN_TIMEOUT"].Value, "s"))

@@ -50,6 +50,14 @@ use client_cert::ClientTenants;
 /// Metadata key of the tenant when auth is off.
 pub const TENANT_HEADER: &str = "x-tenant-id";
 
+/// The verified client certificate chain (leaf first) of a call that did
+/// not come through tonic's transport: the HTTP front doors
+/// ([`crate::web`]) terminate TLS themselves and put the chain of the
+/// connection in the extensions of the `tonic::Request` they hand to the
+/// gRPC handlers, so mTLS callers are mapped to tenants by the same code.
+#[derive(Debug, Clone)]
+pub struct PeerCertificates(pub Arc<Vec<rustls::pki_types::CertificateDer<'static>>>);
+
 /// Tenant used when auth is off and no header is sent.
 pub const DEFAULT_TENANT: &str = "default";
 
@@ -338,7 +346,12 @@ impl Authenticator {
         &self,
         request: &tonic::Request<T>,
     ) -> Result<Caller, AuthError> {
-        let certs = request.peer_certs();
+        let certs = request.peer_certs().or_else(|| {
+            request
+                .extensions()
+                .get::<PeerCertificates>()
+                .map(|certs| Arc::clone(&certs.0))
+        });
         self.authenticate_with(request.metadata(), certs.as_deref().map(Vec::as_slice))
     }
 

@@ -11,7 +11,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use super::{
     ConfigError, DEFAULT_CACHE_BYTES, DEFAULT_CLAIM_BURST, DEFAULT_CLAIM_RATE, DEFAULT_DATA_DIR,
     DEFAULT_DRAIN_TIMEOUT, DEFAULT_LISTEN, DEFAULT_LOG, DEFAULT_MAX_IN_FLIGHT,
-    DEFAULT_METRICS_LISTEN, DEFAULT_METRICS_MAX_LABELS, DEFAULT_SWEEP_INTERVAL,
+    DEFAULT_METRICS_LISTEN, DEFAULT_METRICS_MAX_LABELS, DEFAULT_PROXY_LISTEN,
+    DEFAULT_SWEEP_INTERVAL,
 };
 use crate::store::cql::{self, CqlConsistency, CqlOptions};
 use crate::store::embedded;
@@ -46,6 +47,9 @@ pub struct Cli {
 pub enum Command {
     /// Serve the gRPC API (the default).
     Serve(ServeArgs),
+    /// Serve an HTTP service through idemd: requests with an
+    /// `Idempotency-Key` run once upstream and their answers are replayed.
+    Proxy(ProxyArgs),
     /// Create the CQL keyspace and apply pending schema migrations.
     Migrate(MigrateArgs),
     /// Print audit events from a running server: one key's history
@@ -200,15 +204,63 @@ pub struct MigrateArgs {
 /// Flags of `idemd serve`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
+    /// gRPC listen address.
+    #[arg(long, env = "IDEMD_LISTEN", default_value_t = DEFAULT_LISTEN)]
+    pub listen: SocketAddr,
+    /// The gRPC API over HTTP/JSON (`POST /v1/claim`, ...); `off` (the
+    /// default) disables it. Same auth and TLS as the gRPC port.
+    #[arg(long, env = "IDEMD_HTTP_LISTEN", default_value = "off")]
+    pub http_listen: String,
+    /// Store, auth, TLS, policy, limit, metrics and log flags.
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// Flags of `idemd proxy`: the sidecar's own, then every flag of `serve`
+/// but its listen addresses.
+#[derive(Debug, Clone, Args)]
+pub struct ProxyArgs {
+    /// The proxy's listen address (HTTP/1.1; TLS with `--tls-cert`).
+    #[arg(long, env = "IDEMD_PROXY_LISTEN", default_value_t = DEFAULT_PROXY_LISTEN)]
+    pub listen: SocketAddr,
+    /// The HTTP service requests are forwarded to (`http://host:port`).
+    #[arg(long, env = "IDEMD_UPSTREAM")]
+    pub upstream: String,
+    /// TOML routes file: which methods and paths need an Idempotency-Key,
+    /// their endpoints and limits (see `docs/proxy.md`). Without it, POST
+    /// and PATCH on every path require a key.
+    #[arg(long, env = "IDEMD_PROXY_ROUTES")]
+    pub routes: Option<PathBuf>,
+    /// Header whose bearer token names the tenant (looked up in
+    /// `--auth-tokens`); a header other than `authorization` is not
+    /// forwarded upstream.
+    #[arg(
+        long,
+        env = "IDEMD_PROXY_TOKEN_HEADER",
+        default_value = "authorization"
+    )]
+    pub token_header: String,
+    /// Also serve the gRPC API on this address; `off` (the default) does not.
+    #[arg(long, env = "IDEMD_GRPC_LISTEN", default_value = "off")]
+    pub grpc_listen: String,
+    /// Also serve the HTTP/JSON API on this address; `off` (the default)
+    /// does not.
+    #[arg(long, env = "IDEMD_HTTP_LISTEN", default_value = "off")]
+    pub http_listen: String,
+    /// Store, auth, TLS, policy, limit, metrics and log flags.
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// Flags every serving command shares.
+#[derive(Debug, Clone, Args)]
+pub struct ServerArgs {
     /// Where records live.
     #[arg(long, env = "IDEMD_STORE", value_enum, default_value_t = StoreKind::Embedded)]
     pub store: StoreKind,
     /// CQL connection flags (with `--store cql`).
     #[command(flatten)]
     pub cql: CqlArgs,
-    /// gRPC listen address.
-    #[arg(long, env = "IDEMD_LISTEN", default_value_t = DEFAULT_LISTEN)]
-    pub listen: SocketAddr,
     /// Directory of the embedded store's database file.
     #[arg(long, env = "IDEMD_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,

@@ -47,8 +47,12 @@ use crate::store::embedded;
 
 mod args;
 mod policies;
+pub mod routes;
 
-pub use args::{AuditArgs, Cli, Command, CqlArgs, LogFormat, MigrateArgs, ServeArgs, StoreKind};
+pub use args::{
+    AuditArgs, Cli, Command, CqlArgs, LogFormat, MigrateArgs, ProxyArgs, ServeArgs, ServerArgs,
+    StoreKind,
+};
 pub use policies::parse_policies;
 use policies::{load_policies, validate_policy};
 
@@ -70,6 +74,12 @@ pub const DEFAULT_CACHE_BYTES: usize = 8 * 1024 * 1024;
 pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
     std::net::Ipv4Addr::UNSPECIFIED,
     50051,
+));
+
+/// Default listen address of `idemd proxy`.
+pub const DEFAULT_PROXY_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::UNSPECIFIED,
+    8081,
 ));
 
 /// Default directory of the embedded store.
@@ -140,6 +150,17 @@ impl Default for LimitSettings {
     }
 }
 
+/// An address flag that may be `off` (or empty).
+fn optional_address(field: &str, value: &str) -> Result<Option<SocketAddr>, ConfigError> {
+    match value.trim() {
+        "off" | "" => Ok(None),
+        address => address
+            .parse()
+            .map(Some)
+            .map_err(|e| ConfigError::new(field, format!("{address:?}: {e}"))),
+    }
+}
+
 /// A configuration problem, naming the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {description}")]
@@ -151,7 +172,8 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
+    /// An error in `field`.
+    pub fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
         Self {
             field: field.into(),
             description: description.into(),
@@ -173,8 +195,13 @@ pub enum StoreSettings {
 pub struct Settings {
     /// Where records live.
     pub store: StoreSettings,
-    /// gRPC listen address.
-    pub listen: SocketAddr,
+    /// gRPC listen address; `None` = no gRPC port (`idemd proxy` without
+    /// `--grpc-listen`).
+    pub listen: Option<SocketAddr>,
+    /// HTTP/JSON API listen address; `None` = off.
+    pub http_listen: Option<SocketAddr>,
+    /// `idemd proxy`'s settings; `None` = not a proxy.
+    pub proxy: Option<routes::ProxySettings>,
     /// Embedded store directory.
     pub data_dir: PathBuf,
     /// Tokens file; `None` = auth off.
@@ -214,7 +241,9 @@ impl Settings {
     pub fn for_data_dir(data_dir: impl Into<PathBuf>) -> Self {
         Self {
             store: StoreSettings::Embedded,
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            http_listen: None,
+            proxy: None,
             data_dir: data_dir.into(),
             auth_tokens: None,
             log_format: LogFormat::Human,
@@ -234,8 +263,42 @@ impl Settings {
         }
     }
 
-    /// Builds and validates settings from parsed flags.
+    /// Builds and validates settings from the flags of `idemd serve`.
     pub fn from_args(args: &ServeArgs) -> Result<Self, ConfigError> {
+        let mut settings = Self::from_server_args(&args.server)?;
+        settings.listen = Some(args.listen);
+        settings.http_listen = optional_address("http_listen", &args.http_listen)?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Builds and validates settings from the flags of `idemd proxy`.
+    pub fn from_proxy_args(args: &ProxyArgs) -> Result<Self, ConfigError> {
+        let mut settings = Self::from_server_args(&args.server)?;
+        settings.listen = optional_address("grpc_listen", &args.grpc_listen)?;
+        settings.http_listen = optional_address("http_listen", &args.http_listen)?;
+        let token_header =
+            http::HeaderName::from_bytes(args.token_header.trim().to_ascii_lowercase().as_bytes())
+                .map_err(|_| {
+                    ConfigError::new(
+                        "token_header",
+                        format!("{:?} is not a header name", args.token_header),
+                    )
+                })?;
+        settings.proxy = Some(routes::ProxySettings {
+            listen: args.listen,
+            upstream: args.upstream.clone(),
+            routes: match &args.routes {
+                Some(path) => routes::Routes::load(path)?,
+                None => routes::Routes::default(),
+            },
+            token_header,
+        });
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    fn from_server_args(args: &ServerArgs) -> Result<Self, ConfigError> {
         let policies = match &args.config {
             Some(path) => load_policies(path)?,
             None => PolicySet::default(),
@@ -253,7 +316,9 @@ impl Settings {
         };
         let settings = Self {
             store,
-            listen: args.listen,
+            listen: None,
+            http_listen: None,
+            proxy: None,
             data_dir: args.data_dir.clone(),
             auth_tokens: args.auth_tokens.clone(),
             log_format: args.log_format,
@@ -263,12 +328,7 @@ impl Settings {
             cache_bytes: args.cache_bytes,
             store_cache_bytes: args.store_cache_bytes,
             policies,
-            metrics_listen: match args.metrics_listen.trim() {
-                "off" | "" => None,
-                address => Some(address.parse().map_err(|e| {
-                    ConfigError::new("metrics_listen", format!("{address:?}: {e}"))
-                })?),
-            },
+            metrics_listen: optional_address("metrics_listen", &args.metrics_listen)?,
             metrics_label_caps: (args.metrics_max_tenants, args.metrics_max_endpoints),
             audit_retention: args.audit_retention.into(),
             tls: match (&args.tls_cert, &args.tls_key) {
@@ -288,12 +348,20 @@ impl Settings {
             },
             reload_interval: args.reload_interval.into(),
         };
-        settings.validate()?;
         Ok(settings)
     }
 
     /// Checks every setting; the error names the first bad one.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.listen.is_none() && self.http_listen.is_none() && self.proxy.is_none() {
+            return Err(ConfigError::new(
+                "listen",
+                "nothing to serve: give a gRPC, HTTP or proxy listen address",
+            ));
+        }
+        if let Some(proxy) = &self.proxy {
+            routes::upstream_authority(&proxy.upstream)?;
+        }
         if self.sweep_interval.is_zero() {
             return Err(ConfigError::new(
                 "sweep_interval",

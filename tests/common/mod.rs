@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod certs;
+pub mod http;
 pub mod latency;
 pub mod process;
 

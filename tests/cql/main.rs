@@ -13,6 +13,9 @@ mod cql_support;
 #[path = "../grpc_suite/mod.rs"]
 #[macro_use]
 mod grpc_suite;
+#[path = "../proxy_suite/mod.rs"]
+#[macro_use]
+mod proxy_suite;
 #[path = "../store_conformance/mod.rs"]
 #[macro_use]
 mod store_conformance;
@@ -20,4 +23,5 @@ mod store_conformance;
 mod cql_cluster;
 mod encryption_cql;
 mod grpc_cql;
+mod proxy_cql;
 mod store_cql;

@@ -18,6 +18,9 @@ mod common;
 #[path = "../grpc_suite/mod.rs"]
 #[macro_use]
 mod grpc_suite;
+#[path = "../proxy_suite/mod.rs"]
+#[macro_use]
+mod proxy_suite;
 #[path = "../store_conformance/mod.rs"]
 #[macro_use]
 mod store_conformance;
@@ -30,6 +33,8 @@ mod grpc_embedded;
 mod limits;
 mod otlp;
 mod process;
+mod proxy_embedded;
 mod server;
 mod store_embedded;
 mod tls;
+mod web;

@@ -291,7 +291,7 @@ async fn health_reports_not_serving_before_the_store_opens() {
         .port();
     let dir = tempfile::tempdir().expect("temp dir");
     let mut settings = test_settings(dir.path());
-    settings.listen = format!("127.0.0.1:{port}").parse().expect("addr");
+    settings.listen = Some(format!("127.0.0.1:{port}").parse().expect("addr"));
     let (release, server_task) = start_with_slow_store(settings, dir.path());
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
     let mut status = None;

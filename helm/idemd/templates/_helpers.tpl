@@ -268,12 +268,34 @@ spec:
     - name: idemd
       image: {{ include "idemd.image" . | quote }}
       imagePullPolicy: {{ .Values.image.pullPolicy }}
+      {{- if .Values.proxy.enabled }}
+      {{- /* idemd proxy in front of the application container(s) of
+      extraContainers; gRPC stays on (IDEMD_GRPC_LISTEN) for the probes and
+      for operators' ListPending/Reconcile. docs/proxy.md. */}}
+      args: ["proxy"]
+      {{- else }}
       args: ["serve"]
+      {{- end }}
       env:
         - name: IDEMD_STORE
           value: {{ .Values.store | quote }}
+        {{- if .Values.proxy.enabled }}
+        - name: IDEMD_GRPC_LISTEN
+          value: {{ printf "0.0.0.0:%d" (int .Values.ports.grpc) | quote }}
+        - name: IDEMD_PROXY_LISTEN
+          value: {{ printf "0.0.0.0:%d" (int .Values.proxy.port) | quote }}
+        - name: IDEMD_UPSTREAM
+          value: {{ required "proxy.upstream is required with proxy.enabled" .Values.proxy.upstream | quote }}
+        - name: IDEMD_PROXY_TOKEN_HEADER
+          value: {{ .Values.proxy.tokenHeader | quote }}
+        {{- if .Values.proxy.routes }}
+        - name: IDEMD_PROXY_ROUTES
+          value: /etc/idemd/config/routes.toml
+        {{- end }}
+        {{- else }}
         - name: IDEMD_LISTEN
           value: {{ printf "0.0.0.0:%d" (int .Values.ports.grpc) | quote }}
+        {{- end }}
         - name: IDEMD_METRICS_LISTEN
           value: {{ printf "0.0.0.0:%d" (int .Values.ports.metrics) | quote }}
         - name: IDEMD_CONFIG
@@ -338,6 +360,11 @@ spec:
         - name: metrics
           containerPort: {{ .Values.ports.metrics }}
           protocol: TCP
+        {{- if .Values.proxy.enabled }}
+        - name: proxy
+          containerPort: {{ .Values.proxy.port }}
+          protocol: TCP
+        {{- end }}
       {{- if .Values.tls.existingSecret }}
       {{- /* The kubelet's gRPC probes cannot speak TLS (nor present a client
       certificate): with TLS the probes only check that the port accepts
@@ -418,6 +445,9 @@ spec:
         {{- else if .Values.cql.tls.enabled }}
         {{- include "idemd.cqlTlsVolumeMount" . | nindent 8 }}
         {{- end }}
+    {{- with .Values.extraContainers }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
   volumes:
     - name: config
       configMap:

@@ -1,0 +1,238 @@
+//! The gRPC API over HTTP/JSON, on `--http-listen` (off by default), for
+//! callers that cannot speak gRPC.
+//!
+//! Every RPC is a `POST` of its request message to a path of its own, and
+//! answers `200` with the response message:
+//!
+//! | path                   | RPC                              |
+//! |------------------------|----------------------------------|
+//! | `/v1/claim`            | `idemd.v1.Idempotency/Claim`       |
+//! | `/v1/complete`         | `idemd.v1.Idempotency/Complete`    |
+//! | `/v1/fail`             | `idemd.v1.Idempotency/Fail`        |
+//! | `/v1/extend-lease`     | `idemd.v1.Idempotency/ExtendLease` |
+//! | `/v1/lookup`           | `idemd.v1.Idempotency/Lookup`      |
+//! | `/v1/list-pending`     | `idemd.v1.Idempotency/ListPending` |
+//! | `/v1/reconcile`        | `idemd.v1.Idempotency/Reconcile`   |
+//! | `/v1/audit-events`     | `idemd.v1.Audit/ListAuditEvents`   |
+//!
+//! Messages use the standard proto3 JSON mapping (lowerCamelCase names,
+//! `bytes` as base64, durations as `"1.5s"`, timestamps in RFC 3339, enums
+//! by name; proto field names are accepted too), derived at run time from
+//! the service's descriptor set with `prost-reflect` rather than written by
+//! hand. Credentials are the gRPC port's: `Authorization: Bearer <token>`,
+//! a client certificate over mTLS, or `x-tenant-id` with auth off. Errors
+//! are problem details ([`super::problem`]) with the gRPC code and details.
+
+use std::sync::OnceLock;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, StatusCode, header};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use prost::Message;
+use prost_reflect::{DescriptorPool, DynamicMessage};
+
+use super::problem::Problem;
+use super::serve::{Body, boxed, full};
+use super::{ConnectionCerts, Services, grpc_request};
+use crate::proto::v1 as pb;
+use crate::proto::v1::audit_server::Audit;
+use crate::proto::v1::idempotency_server::Idempotency;
+
+/// Largest JSON request body: a 4 MiB stored response is 5.4 MiB in
+/// base64, plus the other fields.
+pub const MAX_JSON_BODY_BYTES: usize = 8 * 1024 * 1024;
+
+/// The descriptors of the service's messages, decoded once.
+fn pool() -> Result<&'static DescriptorPool, Problem> {
+    static POOL: OnceLock<Result<DescriptorPool, String>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        DescriptorPool::decode(crate::proto::FILE_DESCRIPTOR_SET).map_err(|e| e.to_string())
+    })
+    .as_ref()
+    .map_err(|error| {
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("descriptor set: {error}"),
+        )
+    })
+}
+
+fn descriptor(name: &str) -> Result<prost_reflect::MessageDescriptor, Problem> {
+    pool()?.get_message_by_name(name).ok_or_else(|| {
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("no descriptor for {name}"),
+        )
+    })
+}
+
+/// Parses `body` as the proto3 JSON form of message `name`.
+pub fn from_json<T: Message + Default>(name: &str, body: &[u8]) -> Result<T, Problem> {
+    let invalid = |detail: String| {
+        let mut problem = Problem::new(StatusCode::BAD_REQUEST, "invalid_json", detail);
+        problem.set("grpc_code", "INVALID_ARGUMENT".into());
+        problem
+    };
+    let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        body
+    };
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let dynamic = DynamicMessage::deserialize(descriptor(name)?, &mut deserializer)
+        .map_err(|e| invalid(format!("request body is not a valid {name} in JSON: {e}")))?;
+    deserializer
+        .end()
+        .map_err(|e| invalid(format!("trailing data after the JSON object: {e}")))?;
+    T::decode(dynamic.encode_to_vec().as_slice())
+        .map_err(|e| invalid(format!("request body as {name}: {e}")))
+}
+
+/// The proto3 JSON form of `message`, a message `name`.
+pub fn to_json<T: Message>(name: &str, message: &T) -> Result<Vec<u8>, Problem> {
+    let internal =
+        |detail: String| Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", detail);
+    let dynamic = DynamicMessage::decode(descriptor(name)?, message.encode_to_vec().as_slice())
+        .map_err(|e| internal(format!("encoding {name}: {e}")))?;
+    serde_json::to_vec(&dynamic).map_err(|e| internal(format!("encoding {name}: {e}")))
+}
+
+/// Decodes the request, calls `$method` of `$service` in process and
+/// encodes its answer.
+macro_rules! rpc {
+    ($services:expr, $body:expr, $parts:expr, $certs:expr, $service:ident :: $method:ident, $request:ident => $response:ident) => {{
+        let message: pb::$request = from_json(concat!("idemd.v1.", stringify!($request)), &$body)?;
+        let request = grpc_request(message, &$parts.headers, &header::AUTHORIZATION, $certs);
+        let response = <S as $service>::$method($services, request)
+            .await
+            .map_err(|status| Problem::from_status(&status))?;
+        to_json(
+            concat!("idemd.v1.", stringify!($response)),
+            response.get_ref(),
+        )?
+    }};
+}
+
+/// Handles one request of the JSON API.
+pub async fn handle<S: Services>(
+    services: &S,
+    request: http::Request<Incoming>,
+    certs: &ConnectionCerts,
+) -> http::Response<Body> {
+    match dispatch(services, request, certs).await {
+        Ok(json) => {
+            let mut response = http::Response::new(full(json));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            response
+        }
+        Err(problem) => boxed(problem.response()),
+    }
+}
+
+async fn dispatch<S: Services>(
+    services: &S,
+    request: http::Request<Incoming>,
+    certs: &ConnectionCerts,
+) -> Result<Vec<u8>, Problem> {
+    let (parts, body) = request.into_parts();
+    let path = parts.uri.path().to_string();
+    let known = ROUTES.contains(&path.as_str());
+    if !known {
+        return Err(Problem::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no RPC at {path}; the API is POST {}", ROUTES.join(", ")),
+        ));
+    }
+    if parts.method != Method::POST {
+        let mut problem = Problem::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            format!("{path} takes POST, not {}", parts.method),
+        );
+        problem.set("allow", "POST".into());
+        return Err(problem);
+    }
+    if let Some(content_type) = parts.headers.get(header::CONTENT_TYPE) {
+        let json = content_type
+            .to_str()
+            .map(|v| {
+                v.split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_ascii_lowercase()
+            })
+            .is_ok_and(|v| v == "application/json" || v.ends_with("+json"));
+        if !json {
+            return Err(Problem::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "content-type must be application/json",
+            ));
+        }
+    }
+    let body = read_body(body, MAX_JSON_BODY_BYTES).await?;
+    let json = match path.as_str() {
+        "/v1/claim" => {
+            rpc!(services, body, parts, certs, Idempotency::claim, ClaimRequest => ClaimResponse)
+        }
+        "/v1/complete" => {
+            rpc!(services, body, parts, certs, Idempotency::complete, CompleteRequest => CompleteResponse)
+        }
+        "/v1/fail" => {
+            rpc!(services, body, parts, certs, Idempotency::fail, FailRequest => FailResponse)
+        }
+        "/v1/extend-lease" => {
+            rpc!(services, body, parts, certs, Idempotency::extend_lease, ExtendLeaseRequest => ExtendLeaseResponse)
+        }
+        "/v1/lookup" => {
+            rpc!(services, body, parts, certs, Idempotency::lookup, LookupRequest => LookupResponse)
+        }
+        "/v1/list-pending" => {
+            rpc!(services, body, parts, certs, Idempotency::list_pending, ListPendingRequest => ListPendingResponse)
+        }
+        "/v1/reconcile" => {
+            rpc!(services, body, parts, certs, Idempotency::reconcile, ReconcileRequest => ReconcileResponse)
+        }
+        _ => {
+            rpc!(services, body, parts, certs, Audit::list_audit_events, ListAuditEventsRequest => ListAuditEventsResponse)
+        }
+    };
+    Ok(json)
+}
+
+/// Paths of the API, in the order of the table above.
+pub const ROUTES: [&str; 8] = [
+    "/v1/claim",
+    "/v1/complete",
+    "/v1/fail",
+    "/v1/extend-lease",
+    "/v1/lookup",
+    "/v1/list-pending",
+    "/v1/reconcile",
+    "/v1/audit-events",
+];
+
+/// Reads a whole body of at most `limit` bytes; a larger one is `413`.
+pub async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, Problem> {
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            format!("request body exceeds {limit} bytes"),
+        )),
+        Err(error) => Err(Problem::new(
+            StatusCode::BAD_REQUEST,
+            "request_body_unreadable",
+            format!("reading the request body failed: {error}"),
+        )),
+    }
+}

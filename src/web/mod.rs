@@ -1,0 +1,89 @@
+//! The HTTP front doors: the gRPC API over HTTP/JSON (`--http-listen`) and
+//! `idemd proxy`, the sidecar that makes an HTTP service idempotent with no
+//! code change.
+//!
+//! Both sit *above* the gRPC layer: they turn an HTTP request into the
+//! `tonic::Request` the gRPC handlers take and call them in process, through
+//! the same delegate the gRPC port uses (admission limits, the
+//! `idemd_rpc_duration_seconds` metric, a span per call). So credentials are
+//! checked by [`crate::auth`] exactly as for gRPC (the bearer token, the
+//! verified client certificate, or `x-tenant-id` with auth off), the
+//! engine's validation and its statuses are the same, and a caller's W3C
+//! `traceparent` header joins the call's spans to its trace. Nothing here
+//! touches the engine or a store directly.
+//!
+//! * [`api`]: `POST /v1/claim`, … with the proto3 JSON mapping of the
+//!   messages; errors are RFC 9457 problem details carrying the gRPC code
+//!   and the `google.rpc` details ([`problem`]).
+//! * [`proxy`]: `Idempotency-Key` handling in front of an upstream HTTP
+//!   service (draft-ietf-httpapi-idempotency-key-header).
+//! * [`serve`]: the accept loop both use (HTTP/1.1, plaintext or TLS with
+//!   the gRPC port's reloading certificates, graceful shutdown).
+
+pub mod api;
+pub mod problem;
+pub mod proxy;
+pub mod serve;
+
+use std::sync::Arc;
+
+use crate::auth::PeerCertificates;
+use crate::proto::v1 as pb;
+
+/// What the front doors call: the gRPC services, in process.
+pub trait Services:
+    pb::idempotency_server::Idempotency + pb::audit_server::Audit + Clone + Send + Sync + 'static
+{
+}
+
+impl<T> Services for T where
+    T: pb::idempotency_server::Idempotency
+        + pb::audit_server::Audit
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// Headers copied into the gRPC metadata of an in-process call: the
+/// credentials [`crate::auth`] reads and the trace context
+/// [`crate::telemetry`] continues. Nothing else of the HTTP request reaches
+/// the handlers.
+const FORWARDED_METADATA: [&str; 3] = [crate::auth::TENANT_HEADER, "traceparent", "tracestate"];
+
+/// The verified client certificate chain of a connection, if any.
+pub type ConnectionCerts = Option<Arc<Vec<rustls::pki_types::CertificateDer<'static>>>>;
+
+/// A `tonic::Request` carrying `message` and the caller's credentials and
+/// trace context from `headers`: the `authorization` metadata is the value
+/// of `token_header` (the proxy may take the token from a header of its own
+/// so the upstream's `Authorization` stays the application's), and the
+/// connection's client certificates go into the extensions.
+pub fn grpc_request<T>(
+    message: T,
+    headers: &http::HeaderMap,
+    token_header: &http::HeaderName,
+    certs: &ConnectionCerts,
+) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    let metadata = request.metadata_mut();
+    let copy = |metadata: &mut tonic::metadata::MetadataMap, from: &str, to: &'static str| {
+        if let Some(value) = headers
+            .get(from)
+            .and_then(|value| tonic::metadata::MetadataValue::try_from(value.as_bytes()).ok())
+        {
+            metadata.insert(to, value);
+        }
+    };
+    copy(metadata, token_header.as_str(), "authorization");
+    for name in FORWARDED_METADATA {
+        copy(metadata, name, name);
+    }
+    if let Some(certs) = certs {
+        request
+            .extensions_mut()
+            .insert(PeerCertificates(Arc::clone(certs)));
+    }
+    request
+}
