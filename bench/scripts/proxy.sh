@@ -33,24 +33,23 @@ WORKDIR="$(mktemp -d)"
 PIDS=()
 cleanup() {
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
   rm -rf "$WORKDIR"
 }
 trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-# start_upstream WORK: prints the address.
+# start_upstream VAR WORK: starts an upstream, sets VAR to its address.
 start_upstream() {
-  local out="$WORKDIR/upstream-$RANDOM"
-  taskset -c 0 "$TARGET/idemd-bench" upstream --work "$1" >"$out" &
+  local out="$WORKDIR/upstream-$1"
+  taskset -c 0 "$TARGET/idemd-bench" upstream --work "$2" >"$out" &
   PIDS+=($!)
   for _ in $(seq 100); do [ -s "$out" ] && break; sleep 0.05; done
-  head -1 "$out"
+  printf -v "$1" '%s' "$(head -1 "$out")"
 }
 
-UPSTREAM="$(start_upstream "$WORK")"
-UPSTREAM_IDLE="$(start_upstream 0s)"
+start_upstream UPSTREAM "$WORK"
+start_upstream UPSTREAM_IDLE 0s
 PROXY="127.0.0.1:$(free_port)"
 taskset -c 0 "$TARGET/idemd" proxy --upstream "http://$UPSTREAM" --listen "$PROXY" \
   --data-dir "$WORKDIR/data" --metrics-listen 127.0.0.1:0 2>"$WORKDIR/idemd.log" &

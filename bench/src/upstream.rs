@@ -44,8 +44,7 @@ pub async fn serve(listen: SocketAddr, work: Duration) -> anyhow::Result<()> {
     let listener = TcpListener::bind(listen).await.context("bind")?;
     println!("{}", listener.local_addr().context("address")?);
     loop {
-        let (stream, _) = listener.accept().await.context("accept")?;
-        stream.set_nodelay(true).context("TCP_NODELAY")?;
+        let (stream, _) = idemd::net::accept_retrying(&listener).await;
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request| answer(request, work));
             let _ = hyper::server::conn::http1::Builder::new()

@@ -258,3 +258,75 @@ async fn traces_are_off_by_default() {
     let _ = process.child.kill();
     let _ = process.child.wait();
 }
+
+/// A request through `idemd proxy` carrying a W3C `traceparent` header:
+/// the Claim and Complete it causes are spans of the caller's trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxied_requests_join_the_callers_trace() {
+    let collector = Collector::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let collector_addr = listener.local_addr().expect("addr");
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(collector.clone()))
+            .serve_with_incoming(idemd::net::incoming(listener)),
+    );
+    let upstream = crate::common::http::Upstream::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_idemd"));
+    command
+        .args([
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .args(["--upstream", &format!("http://{}", upstream.addr)])
+        .env("IDEMD_METRICS_LISTEN", "off")
+        .env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            format!("http://{collector_addr}"),
+        )
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env_remove("OTEL_SDK_DISABLED")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut process = spawn_command(command);
+    let trace_id = "0af7651916cd43dd8448eb211c80319c";
+    let traceparent = format!("00-{trace_id}-b7ad6b7169203331-01");
+    let answer = crate::common::http::send(
+        process.addr,
+        "POST",
+        "/v1/orders",
+        &[
+            ("idempotency-key", "traced-1"),
+            ("traceparent", &traceparent),
+        ],
+        b"{}",
+    )
+    .await;
+    assert_eq!(answer.status, 201);
+    // The upstream sees the caller's trace context too.
+    assert_eq!(
+        upstream.last_headers("/v1/orders").get("traceparent"),
+        Some(&traceparent)
+    );
+    collector
+        .wait_for("the proxied Claim and Complete spans", |spans| {
+            ["Claim", "Complete"].iter().all(|rpc| {
+                spans.iter().any(|(_, s)| {
+                    s.name == format!("idemd.v1.Idempotency/{rpc}")
+                        && hex::encode(&s.trace_id) == trace_id
+                })
+            })
+        })
+        .await;
+    sigterm(&process);
+    let _ = process.child.wait();
+}

@@ -445,3 +445,55 @@ async fn the_readme_proxy_example_runs_as_written() {
     assert_eq!(upstream.executions("/v1/payments"), 1);
     server.stop().await;
 }
+
+/// `idemd proxy` as a process: configured by flags and `IDEMD_*`
+/// variables, no gRPC port unless asked, and its outcomes counted in
+/// `idemd_proxy_requests_total`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_command_counts_its_outcomes_in_metrics() {
+    let upstream = crate::common::http::Upstream::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let metrics = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr")
+    };
+    let mut command = Command::new(env!("CARGO_BIN_EXE_idemd"));
+    command
+        .args([
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .args(["--metrics-listen", &metrics.to_string()])
+        .env("IDEMD_UPSTREAM", format!("http://{}", upstream.addr))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut process = crate::common::process::spawn_command(command);
+    assert_eq!(process.serving["grpc"], "off", "{}", process.serving);
+    assert_eq!(process.serving["proxy"], process.addr.to_string());
+    let proxy = process.addr;
+    let key = ("idempotency-key", "m-1");
+    for _ in 0..2 {
+        let answer = send(proxy, "POST", "/v1/orders", &[key], b"{}").await;
+        assert_eq!(answer.status, 201);
+    }
+    let missing = send(proxy, "POST", "/v1/orders", &[], b"{}").await;
+    assert_eq!(missing.status, 400);
+    let text =
+        String::from_utf8_lossy(&send(metrics, "GET", "/metrics", &[], b"").await.body).to_string();
+    for (outcome, count) in [("executed", 1), ("replayed", 1), ("rejected", 1)] {
+        let line = format!("idemd_proxy_requests_total{{outcome=\"{outcome}\"}} {count}");
+        assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+    }
+    assert!(
+        text.contains("idemd_proxy_upstream_duration_seconds_count 1"),
+        "{text}"
+    );
+    process.child.kill().expect("kill");
+    process.child.wait().expect("reaped");
+}

@@ -10,14 +10,12 @@
 //! exits 0.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
-use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
 
 use crate::api::IdempotencyService;
@@ -39,6 +37,9 @@ use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::store::instrumented::InstrumentedStore;
 use crate::tls::TlsServer;
 use crate::web::ConnectionCerts;
+use slot::EngineSlot;
+
+mod slot;
 
 /// A request on one of the HTTP front doors.
 type HttpRequest = http::Request<hyper::body::Incoming>;
@@ -108,129 +109,6 @@ impl ServerError {
                 | ServerError::Keyring(_)
                 | ServerError::Config(_)
         )
-    }
-}
-
-/// The engine once the store is open; Idempotency RPCs before that are
-/// refused with `UNAVAILABLE`.
-#[derive(Clone)]
-struct EngineSlot {
-    /// Set once the store is open.
-    service: Arc<OnceLock<IdempotencyService>>,
-    /// RPCs in progress, for load shedding.
-    in_flight: Arc<AtomicUsize>,
-    /// Most RPCs in progress at once; 0 = unlimited.
-    max_in_flight: usize,
-}
-
-/// How long a shed caller is told to wait: long enough for a burst to
-/// drain, short enough not to add visible latency to a retry.
-const SHED_RETRY_AFTER: Duration = Duration::from_millis(100);
-
-/// Releases an in-flight slot when the RPC ends (however it ends).
-struct InFlightSlot(Arc<AtomicUsize>);
-
-impl Drop for InFlightSlot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-impl EngineSlot {
-    fn new(max_in_flight: usize) -> Self {
-        Self {
-            service: Arc::default(),
-            in_flight: Arc::default(),
-            max_in_flight,
-        }
-    }
-
-    fn get(&self) -> Result<&IdempotencyService, Status> {
-        self.service
-            .get()
-            .ok_or_else(|| Status::unavailable("idemd is starting: the store is not open yet"))
-    }
-
-    /// Takes an in-flight slot, or sheds the call when all are taken:
-    /// refusing early and cheaply keeps latency bounded for the calls
-    /// already admitted instead of queueing everyone.
-    fn admit(&self) -> Result<InFlightSlot, Status> {
-        let before = self.in_flight.fetch_add(1, Ordering::AcqRel);
-        let slot = InFlightSlot(Arc::clone(&self.in_flight));
-        if self.max_in_flight > 0 && before >= self.max_in_flight {
-            metrics::counter!(crate::metrics::RATE_LIMITED, "tenant" => "_all", "limit" => "in_flight")
-                .increment(1);
-            return Err(crate::api::status::shed(
-                format!(
-                    "idemd is at its limit of {} calls in progress; retry shortly",
-                    self.max_in_flight
-                ),
-                SHED_RETRY_AFTER,
-                "OVERLOADED",
-            ));
-        }
-        Ok(slot)
-    }
-}
-
-/// Delegates every RPC to the service once it exists, records each call's
-/// latency and status code (`idemd_rpc_duration_seconds`) and, with tracing
-/// on, runs it in its span (see [`crate::telemetry`]): the one place every
-/// RPC passes through. Every request message has an `endpoint` field (the
-/// endpoint, or the endpoint filter), recorded on the span.
-macro_rules! delegate {
-    ($service:path, $service_name:literal { $($method:ident($request:ty) -> $response:ty, $name:literal;)* }) => {
-        #[tonic::async_trait]
-        impl $service for EngineSlot {
-            $(
-                async fn $method(&self, request: Request<$request>) -> Result<Response<$response>, Status> {
-                    let started = std::time::Instant::now();
-                    let span = crate::telemetry::rpc_context($service_name, $name, request.metadata());
-                    let admitted = self.admit();
-                    let result = match (admitted.and_then(|slot| self.get().map(|service| (slot, service))), &span) {
-                        (Ok((_slot, service)), Some(context)) => {
-                            let context = context.clone();
-                            let endpoint = request.get_ref().endpoint.clone();
-                            opentelemetry::context::FutureExt::with_context(async move {
-                                crate::telemetry::annotate(&[("idemd.endpoint", &endpoint)]);
-                                <IdempotencyService as $service>::$method(service, request).await
-                            }, context).await
-                        }
-                        (Ok((_slot, service)), None) => <IdempotencyService as $service>::$method(service, request).await,
-                        (Err(status), _) => Err(status),
-                    };
-                    let code = result.as_ref().map_or_else(|status| status.code(), |_| tonic::Code::Ok);
-                    if let Some(context) = &span {
-                        crate::telemetry::end_rpc(context, code);
-                    }
-                    metrics::histogram!(
-                        crate::metrics::RPC_DURATION,
-                        "rpc" => $name,
-                        "code" => crate::metrics::code_name(code)
-                    )
-                    .record(started.elapsed().as_secs_f64());
-                    result
-                }
-            )*
-        }
-    };
-}
-
-delegate! {
-    pb::idempotency_server::Idempotency, "idemd.v1.Idempotency" {
-        claim(pb::ClaimRequest) -> pb::ClaimResponse, "Claim";
-        complete(pb::CompleteRequest) -> pb::CompleteResponse, "Complete";
-        fail(pb::FailRequest) -> pb::FailResponse, "Fail";
-        extend_lease(pb::ExtendLeaseRequest) -> pb::ExtendLeaseResponse, "ExtendLease";
-        lookup(pb::LookupRequest) -> pb::LookupResponse, "Lookup";
-        list_pending(pb::ListPendingRequest) -> pb::ListPendingResponse, "ListPending";
-        reconcile(pb::ReconcileRequest) -> pb::ReconcileResponse, "Reconcile";
-    }
-}
-
-delegate! {
-    pb::audit_server::Audit, "idemd.v1.Audit" {
-        list_audit_events(pb::ListAuditEventsRequest) -> pb::ListAuditEventsResponse, "ListAuditEvents";
     }
 }
 
@@ -584,10 +462,13 @@ where
     health
         .set_service_status(SERVICE_NAME, ServingStatus::Serving)
         .await;
+    let show =
+        |address: Option<SocketAddr>| address.map_or_else(|| "off".to_string(), |a| a.to_string());
     tracing::info!(
-        grpc = ?grpc_addr,
-        http = ?http_addr,
-        proxy = ?proxy_addr,
+        address = %local_addr,
+        grpc = %show(grpc_addr),
+        http = %show(http_addr),
+        proxy = %show(proxy_addr),
         store = store.backend_name(),
         auth = auth.is_enabled(),
         audit = audit.is_some(),
