@@ -17,10 +17,11 @@ pub struct Process {
     pub serving: serde_json::Value,
 }
 
-/// `idemd` on port 0 with JSON logs and `data_dir`, plus `extra` flags.
-pub fn idemd_command(data_dir: &std::path::Path, extra: &[&str]) -> Command {
+/// `idemd [subcommand]` on port 0 with JSON logs and `data_dir`.
+fn command_on_port_0(subcommand: Option<&str>, data_dir: &std::path::Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_idemd"));
     command
+        .args(subcommand)
         .args([
             "--listen",
             "127.0.0.1:0",
@@ -29,13 +30,28 @@ pub fn idemd_command(data_dir: &std::path::Path, extra: &[&str]) -> Command {
             "--data-dir",
         ])
         .arg(data_dir)
-        .args(extra)
         // No metrics port unless a test asks for one (`--metrics-listen`
         // overrides the variable): tests run in parallel.
         .env("IDEMD_METRICS_LISTEN", "off")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    command
+}
+
+/// `idemd` on port 0 with JSON logs and `data_dir`, plus `extra` flags.
+pub fn idemd_command(data_dir: &std::path::Path, extra: &[&str]) -> Command {
+    let mut command = command_on_port_0(None, data_dir);
+    command.args(extra);
+    command
+}
+
+/// `idemd proxy` in front of `upstream` on port 0, with JSON logs and
+/// `data_dir`, no gRPC port and no metrics port (add `--metrics-listen`).
+pub fn proxy_command(data_dir: &std::path::Path, upstream: std::net::SocketAddr) -> Command {
+    let mut command = command_on_port_0(Some("proxy"), data_dir);
+    // The upstream from its variable, so the `IDEMD_*` path is tested.
+    command.env("IDEMD_UPSTREAM", format!("http://{upstream}"));
     command
 }
 

@@ -64,6 +64,21 @@ fn attribute(span: &Span, key: &str) -> Option<String> {
 }
 
 impl Collector {
+    /// A collector serving on port 0, and its address.
+    async fn start() -> (Collector, std::net::SocketAddr) {
+        let collector = Collector::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(TraceServiceServer::new(collector.clone()))
+                .serve_with_incoming(idemd::net::incoming(listener)),
+        );
+        (collector, addr)
+    }
+
     /// Waits (bounded) until `predicate` holds for the spans received.
     async fn wait_for(&self, what: &str, predicate: impl Fn(&[(String, Span)]) -> bool) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -92,16 +107,7 @@ impl Collector {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rpc_spans_continue_the_callers_trace_and_nest_store_spans() {
-    let collector = Collector::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let collector_addr = listener.local_addr().expect("addr");
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(collector.clone()))
-            .serve_with_incoming(idemd::net::incoming(listener)),
-    );
+    let (collector, collector_addr) = Collector::start().await;
 
     let dir = tempfile::tempdir().expect("temp dir");
     let mut command = idemd_command(dir.path(), &[]);
@@ -263,40 +269,17 @@ async fn traces_are_off_by_default() {
 /// the Claim and Complete it causes are spans of the caller's trace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxied_requests_join_the_callers_trace() {
-    let collector = Collector::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let collector_addr = listener.local_addr().expect("addr");
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(collector.clone()))
-            .serve_with_incoming(idemd::net::incoming(listener)),
-    );
+    let (collector, collector_addr) = Collector::start().await;
     let upstream = crate::common::http::Upstream::start().await;
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_idemd"));
+    let mut command = crate::common::process::proxy_command(dir.path(), upstream.addr);
     command
-        .args([
-            "proxy",
-            "--listen",
-            "127.0.0.1:0",
-            "--log-format",
-            "json",
-            "--data-dir",
-        ])
-        .arg(dir.path())
-        .args(["--upstream", &format!("http://{}", upstream.addr)])
-        .env("IDEMD_METRICS_LISTEN", "off")
         .env(
             "OTEL_EXPORTER_OTLP_ENDPOINT",
             format!("http://{collector_addr}"),
         )
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-        .env_remove("OTEL_SDK_DISABLED")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped());
+        .env_remove("OTEL_SDK_DISABLED");
     let mut process = spawn_command(command);
     let trace_id = "0af7651916cd43dd8448eb211c80319c";
     let traceparent = format!("00-{trace_id}-b7ad6b7169203331-01");

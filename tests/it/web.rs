@@ -457,22 +457,8 @@ async fn the_proxy_command_counts_its_outcomes_in_metrics() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.local_addr().expect("addr")
     };
-    let mut command = Command::new(env!("CARGO_BIN_EXE_idemd"));
-    command
-        .args([
-            "proxy",
-            "--listen",
-            "127.0.0.1:0",
-            "--log-format",
-            "json",
-            "--data-dir",
-        ])
-        .arg(dir.path())
-        .args(["--metrics-listen", &metrics.to_string()])
-        .env("IDEMD_UPSTREAM", format!("http://{}", upstream.addr))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped());
+    let mut command = crate::common::process::proxy_command(dir.path(), upstream.addr);
+    command.args(["--metrics-listen", &metrics.to_string()]);
     let mut process = crate::common::process::spawn_command(command);
     assert_eq!(process.serving["grpc"], "off", "{}", process.serving);
     assert_eq!(process.serving["proxy"], process.addr.to_string());
