@@ -93,7 +93,7 @@ pub struct Seen {
 
 /// An upstream HTTP service that counts executions per path. Paths:
 /// * `.../slow/...`: answers after [`Upstream::SLOW`];
-/// * `/fail/...`: answers 500;
+/// * `.../fail/...`: answers 500;
 /// * `/crash/...`: sends the head and part of the body, then closes;
 /// * `/big/...`: answers 64 KiB;
 /// * anything else: 201 with a JSON body naming the execution, a
@@ -191,7 +191,7 @@ async fn connection(stream: tokio::net::TcpStream, seen: Arc<Mutex<Seen>>) {
             let _ = stream.shutdown().await;
             return;
         }
-        let (status, answer) = if path.starts_with("/fail/") {
+        let (status, answer) = if path.contains("/fail/") {
             (
                 "500 Internal Server Error",
                 b"{\"error\":\"boom\"}".to_vec(),

@@ -483,3 +483,68 @@ async fn the_proxy_command_counts_its_outcomes_in_metrics() {
     process.child.kill().expect("kill");
     process.child.wait().expect("reaped");
 }
+
+/// With `--token-header`, the proxy's tenant comes from that header's
+/// bearer token; the header is not forwarded upstream while the
+/// application's own `Authorization` is; tenants never share keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_takes_the_tenant_from_its_own_token_header() {
+    let upstream = crate::common::http::Upstream::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tokens = dir.path().join("tokens");
+    std::fs::write(
+        &tokens,
+        format!(
+            "{}{}",
+            token_line("acme", "acme-secret"),
+            token_line("globex", "globex-secret")
+        ),
+    )
+    .expect("write tokens");
+    let mut settings = test_settings(&dir.path().join("data"));
+    settings.auth_tokens = Some(tokens);
+    settings.proxy = Some(idemd::config::routes::ProxySettings {
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        upstream: format!("http://{}", upstream.addr),
+        routes: idemd::config::routes::Routes::default(),
+        token_header: http::HeaderName::from_static("x-idemd-token"),
+    });
+    let server = TestServer::start(dir, settings, None).await;
+    let proxy = server
+        .server
+        .as_ref()
+        .and_then(|s| s.proxy_addr)
+        .expect("proxy");
+    let path = "/v1/orders";
+    let key = ("idempotency-key", "shared-key");
+    let app_auth = ("authorization", "Bearer app-user-token");
+
+    let anonymous = send(proxy, "POST", path, &[key, app_auth], b"{}").await;
+    assert_eq!(anonymous.status, 401);
+    assert_eq!(anonymous.json()["grpc_code"], "UNAUTHENTICATED");
+    assert_eq!(upstream.executions(path), 0);
+
+    let acme = ("x-idemd-token", "Bearer acme-secret");
+    let first = send(proxy, "POST", path, &[key, app_auth, acme], b"{}").await;
+    assert_eq!(first.status, 201);
+    let seen = upstream.last_headers(path);
+    assert_eq!(
+        seen.get("x-idemd-token"),
+        None,
+        "the proxy's credential stays in the proxy"
+    );
+    assert_eq!(
+        seen.get("authorization").map(String::as_str),
+        Some("Bearer app-user-token")
+    );
+    let replay = send(proxy, "POST", path, &[key, acme], b"{}").await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+
+    // The same key for another tenant is another key: it runs.
+    let globex = ("x-idemd-token", "Bearer globex-secret");
+    let other = send(proxy, "POST", path, &[key, globex], b"{}").await;
+    assert_eq!(other.status, 201);
+    assert_eq!(other.header("idempotent-replayed"), None);
+    assert_eq!(upstream.executions(path), 2);
+    server.stop().await;
+}

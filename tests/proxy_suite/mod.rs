@@ -35,6 +35,7 @@ macro_rules! proxy_suite {
             a_duplicate_waits_up_to_max_wait_for_the_replay,
             upstream_crash_mid_response_is_unknown_until_reconciled,
             upstream_5xx_releases_the_key_by_default,
+            upstream_5xx_is_replayed_when_the_route_stores_it,
             upstream_refusing_connections_is_502_and_releases_the_key,
             oversized_bodies_are_refused_before_any_claim,
             oversized_answers_are_returned_and_the_key_is_unknown,
@@ -59,6 +60,15 @@ macro_rules! proxy_suite {
 const ROUTES: &str = r#"
 [[routes]]
 path = "/v1/payments/{id}"
+ignore_fields = ["/request_time"]
+
+[[routes]]
+path = "/optional/*"
+key = "optional"
+
+[[routes]]
+path = "/stored/*"
+on_5xx = "store"
 
 [[routes]]
 path = "/waiting/*"
@@ -137,7 +147,7 @@ pub async fn payment_scenario_runs_once_and_replays_byte_identical(start: Starte
     let p = proxied(start, None).await;
     let path = "/v1/payments/p1";
     let key = ("idempotency-key", "\"pay-1\"");
-    let body = br#"{"amount": 100, "currency": "usd"}"#;
+    let body = br#"{"amount": 100, "currency": "usd", "request_time": "10:00:00"}"#;
     let first = send(p.proxy, "POST", path, &[key, JSON], body).await;
     assert_eq!(first.status, 201, "{:?}", first.body);
     assert_eq!(first.header("idempotent-replayed"), None);
@@ -151,13 +161,15 @@ pub async fn payment_scenario_runs_once_and_replays_byte_identical(start: Starte
         Some("\"pay-1\"")
     );
 
-    // A retry, with the key as a bare token and the JSON reformatted.
+    // A retry, with the key as a bare token, the JSON reformatted and a
+    // field the route leaves out of the fingerprint (`ignore_fields`)
+    // changed.
     let retry = send(
         p.proxy,
         "POST",
         path,
         &[("idempotency-key", "pay-1"), JSON],
-        br#"{"currency":"usd","amount":100}"#,
+        br#"{"currency":"usd","amount":100,"request_time":"10:00:07"}"#,
     )
     .await;
     assert_eq!(retry.status, 201);
@@ -241,6 +253,28 @@ pub async fn keys_are_required_and_checked_before_anything_runs(start: Starter) 
     let get = send(p.proxy, "GET", path, &[], b"").await;
     assert_eq!(get.status, 201);
     assert_eq!(p.upstream.executions(path), 1);
+    // On a route with `key = "optional"` a request without a key passes
+    // through; with a key it is idempotent.
+    let optional = "/optional/o1";
+    for _ in 0..2 {
+        let answer = send(p.proxy, "POST", optional, &[JSON], b"{}").await;
+        assert_eq!(answer.status, 201);
+        assert_eq!(answer.header("idempotent-replayed"), None);
+    }
+    assert_eq!(p.upstream.executions(optional), 2);
+    for replayed in [None, Some("true")] {
+        let answer = send(
+            p.proxy,
+            "POST",
+            optional,
+            &[("idempotency-key", "opt-1"), JSON],
+            b"{}",
+        )
+        .await;
+        assert_eq!(answer.status, 201);
+        assert_eq!(answer.header("idempotent-replayed"), replayed);
+    }
+    assert_eq!(p.upstream.executions(optional), 3);
     p.server.stop().await;
 }
 
@@ -396,6 +430,26 @@ pub async fn upstream_5xx_releases_the_key_by_default(start: Starter) {
         .await
         .expect_err("released");
     assert_eq!(status.code(), Code::NotFound);
+    p.server.stop().await;
+}
+
+pub async fn upstream_5xx_is_replayed_when_the_route_stores_it(start: Starter) {
+    let p = proxied(start, None).await;
+    let path = "/stored/fail/s1";
+    for replayed in [None, Some("true")] {
+        let answer = send(
+            p.proxy,
+            "POST",
+            path,
+            &[("idempotency-key", "stored-1"), JSON],
+            b"{}",
+        )
+        .await;
+        assert_eq!(answer.status, 500);
+        assert_eq!(&answer.body[..], b"{\"error\":\"boom\"}");
+        assert_eq!(answer.header("idempotent-replayed"), replayed);
+    }
+    assert_eq!(p.upstream.executions(path), 1);
     p.server.stop().await;
 }
 
