@@ -24,8 +24,10 @@
 //! ```
 //!
 //! Every key decrypts; the LAST one encrypts new writes. Rotation is
-//! therefore "append a line and restart": new values use the new key, old
-//! values keep decrypting with theirs. A key may be removed only once no
+//! therefore "append a line": the file is re-read on SIGHUP and when it
+//! changes ([`crate::reload`]), new values use the new key, old values keep
+//! decrypting with theirs, no restart. A file that fails to load (a typo,
+//! a half-written Secret) keeps the previous keys in force and is logged. A key may be removed only once no
 //! live value uses it (after the longest dedup window, `max_ttl`, has
 //! passed since the rotation). Key ids are short ASCII tokens
 //! (`[A-Za-z0-9._-]`, at most [`MAX_KEY_ID_LEN`] bytes) written into every
@@ -52,6 +54,7 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
 use base64::Engine as _;
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
@@ -142,17 +145,31 @@ struct KeyEntry {
 }
 
 /// The keys of a keyring file: the last one seals, all of them open.
+///
+/// The keys in force can be replaced while the server runs
+/// ([`Keyring::reload`], driven by [`crate::reload`] on SIGHUP and when the
+/// file changes): a write seals with the active key of the moment, a read
+/// opens with whatever key its value names. A file that fails to load keeps
+/// the previous keys in force.
 pub struct Keyring {
+    /// The file the keys came from (named in errors; re-read on reload).
+    path: PathBuf,
+    /// The keys in force; swapped whole by a reload.
+    keys: RwLock<Arc<KeySet>>,
+    rng: SystemRandom,
+}
+
+/// One version of the file's keys.
+struct KeySet {
     /// In file order; never empty.
     keys: Vec<KeyEntry>,
-    rng: SystemRandom,
 }
 
 impl fmt::Debug for Keyring {
     // Key ids only: key material never reaches a log.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Keyring")
-            .field("key_ids", &self.key_ids().collect::<Vec<_>>())
+            .field("key_ids", &self.key_ids())
             .finish_non_exhaustive()
     }
 }
@@ -238,26 +255,48 @@ impl Keyring {
             });
         }
         Ok(Self {
-            keys,
+            path: path.to_path_buf(),
+            keys: RwLock::new(Arc::new(KeySet { keys })),
             rng: SystemRandom::new(),
         })
     }
 
+    /// Re-reads the file; on success its keys replace the ones in force and
+    /// the new active key id is returned. On error the keys in force stay.
+    pub fn reload(&self) -> Result<String, KeyringError> {
+        let fresh = Self::load(&self.path)?;
+        let keys = Arc::clone(&fresh.keys.read().unwrap_or_else(|e| e.into_inner()));
+        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
+        Ok(self.active_key_id())
+    }
+
+    fn current(&self) -> Arc<KeySet> {
+        Arc::clone(&self.keys.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
     /// The id of the key new values are sealed with (the last line).
-    pub fn active_key_id(&self) -> &str {
+    pub fn active_key_id(&self) -> String {
         // `parse` never builds an empty keyring.
-        self.keys.last().map_or("", |entry| entry.id.as_str())
+        self.current()
+            .keys
+            .last()
+            .map_or_else(String::new, |entry| entry.id.clone())
     }
 
     /// Every key id, in file order.
-    pub fn key_ids(&self) -> impl Iterator<Item = &str> {
-        self.keys.iter().map(|entry| entry.id.as_str())
+    pub fn key_ids(&self) -> Vec<String> {
+        self.current()
+            .keys
+            .iter()
+            .map(|entry| entry.id.clone())
+            .collect()
     }
 
     /// Seals `plaintext` with the active key; `aad` is the caller's context
     /// (what the value belongs to), authenticated but not stored.
     pub fn seal(&self, aad: &[u8], plaintext: &[u8]) -> Result<Vec<u8>, CryptoError> {
-        let entry = self
+        let keys = self.current();
+        let entry = keys
             .keys
             .last()
             .ok_or_else(|| CryptoError::Seal("empty keyring".to_string()))?;
@@ -285,7 +324,8 @@ impl Keyring {
     /// Opens a value made by [`Keyring::seal`] with the same `aad`.
     pub fn open(&self, aad: &[u8], envelope: &[u8]) -> Result<Vec<u8>, CryptoError> {
         let parts = Envelope::parse(envelope)?;
-        let entry = self
+        let keys = self.current();
+        let entry = keys
             .keys
             .iter()
             .find(|entry| entry.id == parts.key_id)
@@ -304,6 +344,22 @@ impl Keyring {
                 key_id: parts.key_id.to_string(),
             })?;
         Ok(plaintext.to_vec())
+    }
+}
+
+impl crate::reload::Source for Keyring {
+    fn name(&self) -> &'static str {
+        "encryption keyring"
+    }
+
+    fn paths(&self) -> Vec<PathBuf> {
+        vec![self.path.clone()]
+    }
+
+    fn reload(&self) -> Result<String, String> {
+        Keyring::reload(self)
+            .map(|active| format!("active key id {active:?}, {} keys", self.key_ids().len()))
+            .map_err(|error| error.to_string())
     }
 }
 
@@ -481,7 +537,7 @@ mod tests {
         let old = before.seal(b"ctx", b"old").expect("seal");
         let after = ring(&format!("k1 {K1}\nk2 {K2}\n"));
         assert_eq!(after.active_key_id(), "k2");
-        assert_eq!(after.key_ids().collect::<Vec<_>>(), ["k1", "k2"]);
+        assert_eq!(after.key_ids(), ["k1", "k2"]);
         let new = after.seal(b"ctx", b"new").expect("seal");
         assert_eq!(sealed_key_id(&new), Ok("k2"));
         assert_eq!(after.open(b"ctx", &old).expect("old"), b"old");

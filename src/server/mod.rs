@@ -196,7 +196,7 @@ pub fn load_keyring(settings: &Settings) -> Result<Option<Arc<Keyring>>, ServerE
     tracing::info!(
         path = %path.display(),
         active_key_id = keyring.active_key_id(),
-        keys = keyring.key_ids().count(),
+        keys = keyring.key_ids().len(),
         "encryption at rest of stored responses is on"
     );
     Ok(Some(Arc::new(keyring)))
@@ -205,7 +205,15 @@ pub fn load_keyring(settings: &Settings) -> Result<Option<Arc<Keyring>>, ServerE
 /// Opens the store the settings name, sealing stored responses with the
 /// keyring of `--encryption-keys` when it is set.
 pub async fn open_store(settings: &Settings) -> Result<Arc<dyn Store>, ServerError> {
-    let keyring = load_keyring(settings)?;
+    open_store_with(settings, load_keyring(settings)?).await
+}
+
+/// Opens the store the settings name, sealing stored responses with
+/// `keyring` (the instance the reloader keeps current).
+async fn open_store_with(
+    settings: &Settings,
+    keyring: Option<Arc<Keyring>>,
+) -> Result<Arc<dyn Store>, ServerError> {
     match &settings.store {
         StoreSettings::Embedded => {
             let mut options = EmbeddedOptions::new(settings.data_dir.clone());
@@ -247,16 +255,35 @@ pub async fn open_audit(settings: &Settings) -> Result<Option<Arc<dyn AuditLog>>
 /// Binds, opens the store the settings name and starts serving. Returns
 /// once the store is open and the service is `SERVING`.
 pub async fn start(settings: Settings, clock: SharedClock) -> Result<RunningServer, ServerError> {
+    // One keyring instance, the store's: the reloader swaps its keys on
+    // SIGHUP and when the file changes, so rotation needs no restart.
+    settings.validate()?;
+    let keyring = load_keyring(&settings)?;
     let for_store = settings.clone();
-    start_with_store(settings, clock, async move { open_store(&for_store).await }).await
+    let store_keyring = keyring.clone();
+    let open = async move { open_store_with(&for_store, store_keyring).await };
+    start_inner(settings, clock, open, keyring).await
 }
 
 /// Like [`start`], with the store produced by `open_store`, which is polled
-/// once the port is bound and health answers `NOT_SERVING`.
+/// once the port is bound and health answers `NOT_SERVING`. The store's
+/// keyring, if any, is the factory's: it is not reloaded.
 pub async fn start_with_store<F>(
     settings: Settings,
     clock: SharedClock,
     open_store: F,
+) -> Result<RunningServer, ServerError>
+where
+    F: std::future::Future<Output = Result<Arc<dyn Store>, ServerError>> + Send + 'static,
+{
+    start_inner(settings, clock, open_store, None).await
+}
+
+async fn start_inner<F>(
+    settings: Settings,
+    clock: SharedClock,
+    open_store: F,
+    keyring: Option<Arc<Keyring>>,
 ) -> Result<RunningServer, ServerError>
 where
     F: std::future::Future<Output = Result<Arc<dyn Store>, ServerError>> + Send + 'static,
@@ -282,13 +309,17 @@ where
     if let Some(client_tenants) = client_tenants {
         reloader.add(Arc::new(client_tenants));
     }
-    let reloads = reloader.events();
-    // `--encryption-keys` is honoured by the store (see `open_store`); a
-    // keyring that does not load fails start-up here, before the port is
-    // bound, rather than in the store's open.
-    if settings.encryption_keys.is_some() {
-        load_keyring(&settings)?;
+    match keyring {
+        Some(keyring) => reloader.add(keyring),
+        // `--encryption-keys` is honoured by the store factory; a keyring
+        // that does not load fails start-up here, before the port is
+        // bound, rather than in the store's open.
+        None if settings.encryption_keys.is_some() => {
+            load_keyring(&settings)?;
+        }
+        None => {}
     }
+    let reloads = reloader.events();
     if let Some(address) = settings.metrics_listen {
         // Metrics are secondary to serving: a busy metrics port is logged
         // loudly, not fatal.

@@ -325,3 +325,56 @@ async fn an_invalid_keyring_stops_start_up_naming_file_and_line() {
     );
     let _ = Keyring::load(&bad).expect_err("invalid");
 }
+
+/// Rotation without a restart: the keyring file is re-read when it
+/// changes; a bad version keeps the keys in force; after the rotation new
+/// responses are sealed with the new key and old ones still open with
+/// theirs (the replay cache is off, so every replay decrypts).
+#[tokio::test]
+async fn rotation_without_a_restart() {
+    let keys = tempfile::tempdir().expect("temp dir");
+    let keyring = write_keyring(keys.path(), "keys", &[KEY_1]);
+    let data_holder = tempfile::tempdir().expect("temp dir");
+    let data = data_holder.path().join("data");
+    let holder = tempfile::tempdir().expect("temp dir");
+    let mut settings = test_settings(&data);
+    settings.encryption_keys = Some(keyring.clone());
+    settings.cache_bytes = 0;
+    let server = TestServer::start(holder, settings, None).await;
+    let mut events = server
+        .server
+        .as_ref()
+        .expect("server")
+        .reload_events()
+        .subscribe();
+    let old = store_marked(&server, "k-old", "MARKER-old-31").await;
+
+    // A broken file (a half-written Secret): the keys in force stay.
+    std::fs::write(&keyring, "k-2025 not-base64-at-all\n").expect("write");
+    let outcome = next_reload(&mut events, "encryption keyring").await;
+    let error = outcome.expect_err("bad file");
+    assert!(error.contains("not valid base64"), "{error}");
+    let mid = store_marked(&server, "k-mid", "MARKER-mid-32").await;
+
+    write_keyring(keys.path(), "keys", &[KEY_1, KEY_2]);
+    let outcome = next_reload(&mut events, "encryption keyring").await;
+    assert!(outcome.expect("reloaded").contains("\"k-2025\""));
+    let new = store_marked(&server, "k-new", "MARKER-new-33").await;
+    for (key, expected) in [("k-old", &old), ("k-mid", &mid), ("k-new", &new)] {
+        assert_eq!(
+            &replay(&server, key).await.expect("replays"),
+            expected,
+            "{key}"
+        );
+    }
+    server.stop().await;
+
+    for (key, key_id) in [
+        ("k-old", "k-2024"),
+        ("k-mid", "k-2024"),
+        ("k-new", "k-2025"),
+    ] {
+        let error = sealed_with(&data, key).await;
+        assert!(error.contains(&format!("\"{key_id}\"")), "{key}: {error}");
+    }
+}
