@@ -19,7 +19,8 @@
 //! * [`tls`]: TLS of the gRPC port with certificates reloaded from disk;
 //!   verifies client certificates, which [`auth`] maps to tenants.
 //! * [`reload`]: one watcher for every file re-read while running (tokens,
-//!   client tenants, certificates), on change and on SIGHUP.
+//!   client tenants, certificates, the encryption keyring), on change and on
+//!   SIGHUP.
 //! * [`api`]: the gRPC handlers. Converts protobuf messages to engine calls
 //!   and maps every engine error to a `tonic::Status` in one place
 //!   ([`api::status`]). Never touches a database type.
@@ -47,7 +48,7 @@
 //! * [`metrics`]: every Prometheus metric name and help text, the label
 //!   cardinality guard and the `/metrics` exporter.
 //! * [`cli`]: subcommands that are clients of a running server
-//!   (`idemd audit`).
+//!   (`idemd audit`, `idemd keys`).
 //! * [`clock`]: the time source, injectable so leases and TTLs are testable
 //!   without sleeping.
 //! * [`proto`]: the generated protobuf and gRPC code.

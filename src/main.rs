@@ -114,6 +114,19 @@ fn main() -> ExitCode {
                 }
             };
         }
+        Some(Command::Keys(args)) => {
+            let runtime = match runtime() {
+                Ok(runtime) => runtime,
+                Err(code) => return code,
+            };
+            return match runtime.block_on(idemd::cli::keys::run(&args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("idemd keys: {error}");
+                    ExitCode::from(error.exit_code())
+                }
+            };
+        }
         None => Settings::from_args(&cli.serve),
     };
     let settings = match settings {

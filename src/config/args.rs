@@ -55,38 +55,65 @@ pub enum Command {
     /// Print audit events from a running server: one key's history
     /// (`--endpoint E --key K`) or the tenant's timeline (`--since 1h`).
     Audit(AuditArgs),
+    /// Find and resolve stuck keys on a running server: `pending`, `get`,
+    /// `reconcile`, `release`, `extend` (exit codes: 1 not found, 3
+    /// refused, 4 transport or server error, 5 not confirmed).
+    Keys(KeysArgs),
 }
 
-/// Flags of `idemd audit`. It is a gRPC client of a running server (the
-/// embedded store has one owner, and the tenant must come from credentials
-/// like any other call).
+/// How the client subcommands (`idemd audit`, `idemd keys`) reach a
+/// running server. They are gRPC clients like any other: the embedded
+/// store has one owner, and the tenant must come from credentials.
 #[derive(Debug, Clone, Args)]
-pub struct AuditArgs {
+pub struct ConnectArgs {
     /// The server.
-    #[arg(long, env = "IDEMD_TARGET", default_value = "http://127.0.0.1:50051")]
+    #[arg(
+        long,
+        env = "IDEMD_TARGET",
+        default_value = "http://127.0.0.1:50051",
+        global = true
+    )]
     pub target: String,
     /// Bearer token (the tenant is the token's).
-    #[arg(long, env = "IDEMD_TOKEN", hide_env_values = true)]
+    #[arg(long, env = "IDEMD_TOKEN", hide_env_values = true, global = true)]
     pub token: Option<String>,
     /// Tenant, for servers running with auth off (`x-tenant-id`).
-    #[arg(long, env = "IDEMD_TENANT")]
+    #[arg(long, env = "IDEMD_TENANT", global = true)]
     pub tenant: Option<String>,
     // No fallback to the system roots: idemd's certificates come from a
     // private CA (cert-manager, a mesh), and trusting every public CA would
     // accept far more than the operator meant. The client-side names differ
-    // from the server's `--tls-*` flags so that `idemd audit` run in a
-    // server pod never picks up the server's own `IDEMD_TLS_*` environment.
+    // from the server's `--tls-*` flags so that a client run in a server pod
+    // never picks up the server's own `IDEMD_TLS_*` environment.
     /// PEM CA bundle that signed the server's certificate (required with an
     /// `https://` target).
-    #[arg(long, env = "IDEMD_TARGET_CA")]
+    #[arg(long, env = "IDEMD_TARGET_CA", global = true)]
     pub ca_file: Option<PathBuf>,
     /// PEM client certificate for a server that requires mTLS (the tenant
     /// is then the certificate's; see `--tls-client-tenants`).
-    #[arg(long, env = "IDEMD_CLIENT_CERT", requires = "client_key")]
+    #[arg(
+        long,
+        env = "IDEMD_CLIENT_CERT",
+        requires = "client_key",
+        global = true
+    )]
     pub client_cert: Option<PathBuf>,
     /// PEM private key of `--client-cert`.
-    #[arg(long, env = "IDEMD_CLIENT_KEY", requires = "client_cert")]
+    #[arg(
+        long,
+        env = "IDEMD_CLIENT_KEY",
+        requires = "client_cert",
+        global = true
+    )]
     pub client_key: Option<PathBuf>,
+}
+
+/// Flags of `idemd audit`.
+#[derive(Debug, Clone, Args)]
+pub struct AuditArgs {
+    /// How to reach the server.
+    #[command(flatten)]
+    pub connect: ConnectArgs,
     /// Only this endpoint (required with `--key`).
     #[arg(long)]
     pub endpoint: Option<String>,
@@ -103,6 +130,132 @@ pub struct AuditArgs {
     /// One JSON object per line instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Output of `idemd keys`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum OutputFormat {
+    /// An aligned table for people.
+    #[default]
+    Table,
+    /// One JSON object per line (the proto3 JSON form), for scripts.
+    Json,
+}
+
+/// Flags of `idemd keys`.
+#[derive(Debug, Clone, Args)]
+pub struct KeysArgs {
+    /// How to reach the server.
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+    /// `table` (default) or `json` (one object per line).
+    #[arg(long, value_enum, default_value_t = OutputFormat::Table, global = true)]
+    pub output: OutputFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: KeysCommand,
+}
+
+/// One key, named by its endpoint and key.
+#[derive(Debug, Clone, Args)]
+pub struct KeyRef {
+    /// The key's endpoint (`POST /v1/payments`).
+    #[arg(long)]
+    pub endpoint: String,
+    /// The idempotency key.
+    #[arg(long)]
+    pub key: String,
+}
+
+/// The verdict of `idemd keys reconcile`: exactly one.
+#[derive(Debug, Clone, Args)]
+#[group(required = true, multiple = false, id = "verdict")]
+pub struct VerdictArgs {
+    /// The operation committed: record this HTTP status as its response
+    /// (with `--committed-body-file` and `--header`).
+    #[arg(long, group = "verdict")]
+    pub committed_status: Option<u16>,
+    /// It never ran: release the key so a retry runs it.
+    #[arg(long, group = "verdict")]
+    pub released: bool,
+    /// It failed for good: keep the key FAILED with this reason.
+    #[arg(long, group = "verdict", value_name = "REASON")]
+    pub failed: Option<String>,
+    /// Take the key over to finish it yourself: prints a lease token.
+    #[arg(long, group = "verdict")]
+    pub takeover: bool,
+}
+
+/// `idemd keys` subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum KeysCommand {
+    /// Keys that need a decision: claims past their lease, unknown and
+    /// failed outcomes (ListPending), oldest first.
+    Pending {
+        /// Only this endpoint.
+        #[arg(long)]
+        endpoint: Option<String>,
+        /// Only keys claimed at least this long ago (`10m`).
+        #[arg(long)]
+        older_than: Option<humantime::Duration>,
+        /// Stop after this many keys.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// One key's record (Lookup).
+    Get {
+        /// The key.
+        #[command(flatten)]
+        key: KeyRef,
+        /// Include the stored response.
+        #[arg(long)]
+        with_response: bool,
+    },
+    /// Record a verdict on a pending key (Reconcile).
+    Reconcile {
+        /// The key.
+        #[command(flatten)]
+        key: KeyRef,
+        /// The verdict.
+        #[command(flatten)]
+        verdict: VerdictArgs,
+        /// With `--committed-status`: the response body, from a file.
+        #[arg(long, requires = "committed_status")]
+        committed_body_file: Option<PathBuf>,
+        /// With `--committed-status`: a response header `NAME: VALUE`
+        /// (repeatable).
+        #[arg(long = "header", requires = "committed_status")]
+        headers: Vec<String>,
+        /// With `--takeover`: the lease to take (default: the endpoint's).
+        #[arg(long, requires = "takeover")]
+        lease: Option<humantime::Duration>,
+        /// Do not ask for confirmation on a terminal.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Release a pending key that never ran, so a retry runs it (the same
+    /// as `reconcile --released`).
+    Release {
+        /// The key.
+        #[command(flatten)]
+        key: KeyRef,
+        /// Do not ask for confirmation on a terminal.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Extend the lease of a claim you hold (e.g. after `reconcile
+    /// --takeover`), with its lease token (ExtendLease).
+    Extend {
+        /// The key.
+        #[command(flatten)]
+        key: KeyRef,
+        /// The lease token of the claim.
+        #[arg(long)]
+        lease_token: String,
+        /// The new lease (default: the endpoint's).
+        #[arg(long)]
+        lease: Option<humantime::Duration>,
+    },
 }
 
 /// Which backend holds the records.
@@ -320,7 +473,7 @@ pub struct ServerArgs {
     pub tls_client_tenants: Option<PathBuf>,
     /// Keyring file for encryption at rest of stored responses (AES-256-GCM;
     /// `KEY_ID BASE64_32_BYTES` per line, the last line encrypts). Without
-    /// it responses are stored in clear.
+    /// it responses are stored in clear. Reloaded on SIGHUP and on change.
     #[arg(long, env = "IDEMD_ENCRYPTION_KEYS")]
     pub encryption_keys: Option<PathBuf>,
     /// New keys (Claims that create a record) per second per tenant; 0
@@ -335,7 +488,8 @@ pub struct ServerArgs {
     #[arg(long, env = "IDEMD_MAX_IN_FLIGHT", default_value_t = DEFAULT_MAX_IN_FLIGHT)]
     pub max_in_flight: usize,
     /// How often watched files (tokens, client tenants, TLS certificate and
-    /// key, client CA) are checked for changes; SIGHUP re-reads them at once.
+    /// key, client CA, encryption keyring) are checked for changes; SIGHUP
+    /// re-reads them at once.
     #[arg(long, env = "IDEMD_RELOAD_INTERVAL", default_value_t = crate::reload::DEFAULT_INTERVAL.into())]
     pub reload_interval: humantime::Duration,
 }

@@ -50,8 +50,8 @@ mod policies;
 pub mod routes;
 
 pub use args::{
-    AuditArgs, Cli, Command, CqlArgs, LogFormat, MigrateArgs, ProxyArgs, ServeArgs, ServerArgs,
-    StoreKind,
+    AuditArgs, Cli, Command, ConnectArgs, CqlArgs, KeyRef, KeysArgs, KeysCommand, LogFormat,
+    MigrateArgs, OutputFormat, ProxyArgs, ServeArgs, ServerArgs, StoreKind, VerdictArgs,
 };
 pub use policies::parse_policies;
 use policies::{load_policies, validate_policy};

@@ -23,18 +23,15 @@
 //! a client certificate over mTLS, or `x-tenant-id` with auth off. Errors
 //! are problem details ([`super::problem`]) with the gRPC code and details.
 
-use std::sync::OnceLock;
-
 use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode, header};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use prost::Message;
-use prost_reflect::{DescriptorPool, DynamicMessage};
 
 use super::problem::Problem;
 use super::serve::{Body, boxed, full};
 use super::{ConnectionCerts, Services, grpc_request};
+use crate::proto::json::{self, JsonError};
 use crate::proto::v1 as pb;
 use crate::proto::v1::audit_server::Audit;
 use crate::proto::v1::idempotency_server::Idempotency;
@@ -43,61 +40,30 @@ use crate::proto::v1::idempotency_server::Idempotency;
 /// base64, plus the other fields.
 pub const MAX_JSON_BODY_BYTES: usize = 8 * 1024 * 1024;
 
-/// The descriptors of the service's messages, decoded once.
-fn pool() -> Result<&'static DescriptorPool, Problem> {
-    static POOL: OnceLock<Result<DescriptorPool, String>> = OnceLock::new();
-    POOL.get_or_init(|| {
-        DescriptorPool::decode(crate::proto::FILE_DESCRIPTOR_SET).map_err(|e| e.to_string())
-    })
-    .as_ref()
-    .map_err(|error| {
-        Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("descriptor set: {error}"),
-        )
-    })
+fn problem(error: JsonError) -> Problem {
+    match error {
+        JsonError::Invalid(detail) => {
+            let mut problem = Problem::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_json",
+                format!("request body: {detail}"),
+            );
+            problem.set("grpc_code", "INVALID_ARGUMENT".into());
+            problem
+        }
+        JsonError::Internal(detail) => {
+            Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", detail)
+        }
+    }
 }
 
-fn descriptor(name: &str) -> Result<prost_reflect::MessageDescriptor, Problem> {
-    pool()?.get_message_by_name(name).ok_or_else(|| {
-        Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("no descriptor for {name}"),
-        )
-    })
+fn from_json<T: prost::Message + Default>(name: &str, body: &[u8]) -> Result<T, Problem> {
+    json::from_json(name, body).map_err(problem)
 }
 
-/// Parses `body` as the proto3 JSON form of message `name`.
-pub fn from_json<T: Message + Default>(name: &str, body: &[u8]) -> Result<T, Problem> {
-    let invalid = |detail: String| {
-        let mut problem = Problem::new(StatusCode::BAD_REQUEST, "invalid_json", detail);
-        problem.set("grpc_code", "INVALID_ARGUMENT".into());
-        problem
-    };
-    let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
-        b"{}"
-    } else {
-        body
-    };
-    let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let dynamic = DynamicMessage::deserialize(descriptor(name)?, &mut deserializer)
-        .map_err(|e| invalid(format!("request body is not a valid {name} in JSON: {e}")))?;
-    deserializer
-        .end()
-        .map_err(|e| invalid(format!("trailing data after the JSON object: {e}")))?;
-    T::decode(dynamic.encode_to_vec().as_slice())
-        .map_err(|e| invalid(format!("request body as {name}: {e}")))
-}
-
-/// The proto3 JSON form of `message`, a message `name`.
-pub fn to_json<T: Message>(name: &str, message: &T) -> Result<Vec<u8>, Problem> {
-    let internal =
-        |detail: String| Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", detail);
-    let dynamic = DynamicMessage::decode(descriptor(name)?, message.encode_to_vec().as_slice())
-        .map_err(|e| internal(format!("encoding {name}: {e}")))?;
-    serde_json::to_vec(&dynamic).map_err(|e| internal(format!("encoding {name}: {e}")))
+fn to_json<T: prost::Message>(name: &str, message: &T) -> Result<Vec<u8>, Problem> {
+    let value = json::to_json(name, message).map_err(problem)?;
+    serde_json::to_vec(&value).map_err(|e| problem(JsonError::Internal(e.to_string())))
 }
 
 /// Decodes the request, calls `$method` of `$service` in process and

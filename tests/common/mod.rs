@@ -33,6 +33,14 @@ pub const AUDITED_ENDPOINT: &str = "POST /v1/audited";
 /// The default endpoint used by most tests.
 pub const PAYMENTS: &str = "POST /v1/payments";
 
+/// Changes the settings of a test server before it starts.
+pub type SettingsHook = Box<dyn FnOnce(&mut Settings) + Send>;
+
+/// Starts a test server with a settings hook: what each backend's binary
+/// hands the suites that need their own settings (proxy, keys).
+pub type Starter =
+    fn(SettingsHook) -> std::pin::Pin<Box<dyn std::future::Future<Output = TestServer> + Send>>;
+
 /// Opens the store of a test server.
 pub type StoreFactory = std::pin::Pin<
     Box<dyn std::future::Future<Output = Result<Arc<dyn Store>, ServerError>> + Send>,

@@ -13,6 +13,9 @@ mod cql_support;
 #[path = "../grpc_suite/mod.rs"]
 #[macro_use]
 mod grpc_suite;
+#[path = "../keys_suite/mod.rs"]
+#[macro_use]
+mod keys_suite;
 #[path = "../proxy_suite/mod.rs"]
 #[macro_use]
 mod proxy_suite;
@@ -23,5 +26,6 @@ mod store_conformance;
 mod cql_cluster;
 mod encryption_cql;
 mod grpc_cql;
+mod keys_cql;
 mod proxy_cql;
 mod store_cql;

@@ -2,8 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::common::{StoreFactory, TestServer, test_settings};
-use crate::proxy_suite::SettingsHook;
+use crate::common::{SettingsHook, StoreFactory, TestServer, test_settings};
 use idemd::store::Store;
 use idemd::store::cql::CqlStore;
 

@@ -18,6 +18,9 @@ mod common;
 #[path = "../grpc_suite/mod.rs"]
 #[macro_use]
 mod grpc_suite;
+#[path = "../keys_suite/mod.rs"]
+#[macro_use]
+mod keys_suite;
 #[path = "../proxy_suite/mod.rs"]
 #[macro_use]
 mod proxy_suite;
@@ -30,6 +33,7 @@ mod concurrency;
 mod docs;
 mod encryption;
 mod grpc_embedded;
+mod keys_embedded;
 mod limits;
 mod otlp;
 mod process;

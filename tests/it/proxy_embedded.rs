@@ -1,7 +1,6 @@
 //! The `idemd proxy` suite on the embedded store.
 
-use crate::common::{TestServer, test_settings};
-use crate::proxy_suite::SettingsHook;
+use crate::common::{SettingsHook, TestServer, test_settings};
 
 async fn start(hook: SettingsHook) -> TestServer {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -5,9 +5,7 @@
 //! `proxy_suite!(start_fn)`, where `start_fn` takes a settings hook and
 //! returns a fresh [`TestServer`] (gRPC on too, for Lookup and Reconcile).
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::time::Duration;
 
 use idemd::config::Settings;
@@ -18,11 +16,7 @@ use tonic::Code;
 use crate::common::TestServer;
 use crate::common::http::{Upstream, send};
 
-/// Changes the settings of a test server before it starts.
-pub type SettingsHook = Box<dyn FnOnce(&mut Settings) + Send>;
-
-/// Starts a test server with a settings hook.
-pub type Starter = fn(SettingsHook) -> Pin<Box<dyn Future<Output = TestServer> + Send>>;
+use crate::common::Starter;
 
 /// Instantiates every test of the suite for one backend.
 #[macro_export]
@@ -47,7 +41,7 @@ macro_rules! proxy_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
                 fn starter(
-                    hook: $crate::proxy_suite::SettingsHook,
+                    hook: $crate::common::SettingsHook,
                 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = $crate::common::TestServer> + Send>> {
                     Box::pin($start(hook))
                 }
