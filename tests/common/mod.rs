@@ -41,6 +41,14 @@ pub type SettingsHook = Box<dyn FnOnce(&mut Settings) + Send>;
 pub type Starter =
     fn(SettingsHook) -> std::pin::Pin<Box<dyn std::future::Future<Output = TestServer> + Send>>;
 
+/// A [`Starter`] on the embedded store.
+pub async fn start_embedded(hook: SettingsHook) -> TestServer {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut settings = test_settings(dir.path());
+    hook(&mut settings);
+    TestServer::start(dir, settings, None).await
+}
+
 /// Opens the store of a test server.
 pub type StoreFactory = std::pin::Pin<
     Box<dyn std::future::Future<Output = Result<Arc<dyn Store>, ServerError>> + Send>,

@@ -61,3 +61,19 @@ pub async fn migrated_options() -> CqlOptions {
     }
     options
 }
+
+/// A [`crate::common::Starter`] on the CQL backend (a fresh migrated
+/// keyspace per server).
+pub async fn start_cql(hook: crate::common::SettingsHook) -> crate::common::TestServer {
+    let options = migrated_options().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut settings = crate::common::test_settings(dir.path());
+    settings.store = idemd::config::StoreSettings::Cql(options.clone());
+    hook(&mut settings);
+    let factory: crate::common::StoreFactory = Box::pin(async move {
+        let store: std::sync::Arc<dyn idemd::store::Store> =
+            std::sync::Arc::new(idemd::store::cql::CqlStore::open(&options).await?);
+        Ok(store)
+    });
+    crate::common::TestServer::start(dir, settings, Some(factory)).await
+}

@@ -1,15 +1,9 @@
-//! The `idemd keys` suite on the embedded store.
+//! The `idemd keys` suite on the embedded store, and the runbook's
+//! example.
 
-use crate::common::{SettingsHook, TestServer, test_settings};
+use crate::common::start_embedded as start;
 
-async fn start(hook: SettingsHook) -> TestServer {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let mut settings = test_settings(dir.path());
-    hook(&mut settings);
-    TestServer::start(dir, settings, None).await
-}
-
-keys_suite!(start);
+keys_suite!(crate::common::start_embedded);
 
 /// The `idemd keys` example of docs/operations.md runs as written against
 /// a live server: the stale key is listed, committed, then replayed.
