@@ -31,6 +31,7 @@ clippy:
 	$(CARGO) clippy --all-targets --all-features -- -D warnings
 
 cargo-test:
+	scripts/test-deps.sh
 	$(CARGO) test --all-targets
 	$(CARGO) test --doc
 

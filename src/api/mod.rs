@@ -152,11 +152,28 @@ fn timestamp(ms: i64) -> prost_types::Timestamp {
     }
 }
 
-fn duration(value: std::time::Duration) -> prost_types::Duration {
+/// A protobuf duration (saturating).
+pub fn duration(value: std::time::Duration) -> prost_types::Duration {
     prost_types::Duration {
         seconds: i64::try_from(value.as_secs()).unwrap_or(i64::MAX),
         nanos: i32::try_from(value.subsec_nanos()).unwrap_or(0),
     }
+}
+
+/// A protobuf duration as a `std` one; negative parts count as zero.
+pub fn std_duration(value: &prost_types::Duration) -> std::time::Duration {
+    std::time::Duration::from_secs(u64::try_from(value.seconds).unwrap_or(0))
+        + std::time::Duration::from_nanos(u64::try_from(value.nanos).unwrap_or(0))
+}
+
+/// A protobuf timestamp as a `SystemTime`; instants before 1970 count as
+/// the epoch.
+pub fn system_time(value: &prost_types::Timestamp) -> std::time::SystemTime {
+    std::time::UNIX_EPOCH
+        + std_duration(&prost_types::Duration {
+            seconds: value.seconds,
+            nanos: value.nanos,
+        })
 }
 
 /// A stored response as the engine keeps it; an absent message is the

@@ -20,15 +20,14 @@ pub fn parse_since(value: &str, now: SystemTime) -> Result<i64, String> {
 }
 
 fn format_event(event: &pb::AuditEvent, json: bool) -> String {
-    let at = event.at.as_ref().map_or(UNIX_EPOCH, |at| {
-        UNIX_EPOCH
-            + Duration::from_secs(u64::try_from(at.seconds).unwrap_or(0))
-            + Duration::from_nanos(u64::try_from(at.nanos).unwrap_or(0))
-    });
-    let latency = event.latency.as_ref().map_or(Duration::ZERO, |d| {
-        Duration::from_secs(u64::try_from(d.seconds).unwrap_or(0))
-            + Duration::from_nanos(u64::try_from(d.nanos).unwrap_or(0))
-    });
+    let at = event
+        .at
+        .as_ref()
+        .map_or(UNIX_EPOCH, crate::api::system_time);
+    let latency = event
+        .latency
+        .as_ref()
+        .map_or(Duration::ZERO, crate::api::std_duration);
     if json {
         return serde_json::json!({
             "at": humantime::format_rfc3339_millis(at).to_string(),

@@ -14,9 +14,10 @@
 //! when stdin is a terminal, unless `--yes`.
 
 use std::io::{BufRead, IsTerminal, Write};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use super::{CliError, Connection};
+use crate::api::duration;
 use crate::config::{KeyRef, KeysArgs, KeysCommand, OutputFormat, VerdictArgs};
 use crate::proto::json;
 use crate::proto::v1 as pb;
@@ -43,7 +44,7 @@ pub async fn run(args: &KeysArgs) -> Result<(), CliError> {
                 let page_size = (*limit - records.len()).min(PAGE_SIZE);
                 let request = connection.request(pb::ListPendingRequest {
                     endpoint: endpoint.clone().unwrap_or_default(),
-                    older_than: older_than.map(|d| duration_pb(d.into())),
+                    older_than: older_than.map(|d| duration(d.into())),
                     page_size: u32::try_from(page_size).unwrap_or(u32::MAX),
                     page_token: page_token.clone(),
                 });
@@ -90,30 +91,21 @@ pub async fn run(args: &KeysArgs) -> Result<(), CliError> {
             yes,
         } => {
             let verdict = verdict_of(verdict, committed_body_file.as_deref(), headers, *lease)?;
-            let (name, detail) = describe(&verdict);
-            confirm(*yes, key, name, &detail)?;
-            reconcile(
-                &mut out,
-                args.output,
-                &mut client,
-                &connection,
+            let call = Verdict {
                 key,
                 verdict,
-            )
-            .await
+                yes: *yes,
+            };
+            reconcile(&mut out, args.output, &mut client, &connection, call).await
         }
         KeysCommand::Release { key, yes } => {
-            confirm(*yes, key, "released", "it never ran; a retry will run it")?;
             let verdict = pb::reconcile_request::Verdict::Released(pb::Released {});
-            reconcile(
-                &mut out,
-                args.output,
-                &mut client,
-                &connection,
+            let call = Verdict {
                 key,
                 verdict,
-            )
-            .await
+                yes: *yes,
+            };
+            reconcile(&mut out, args.output, &mut client, &connection, call).await
         }
         KeysCommand::Extend {
             key,
@@ -124,7 +116,7 @@ pub async fn run(args: &KeysArgs) -> Result<(), CliError> {
                 endpoint: key.endpoint.clone(),
                 key: key.key.clone(),
                 lease_token: lease_token.clone(),
-                lease: lease.map(|d| duration_pb(d.into())),
+                lease: lease.map(|d| duration(d.into())),
             });
             let extended = client
                 .extend_lease(request)
@@ -151,14 +143,23 @@ pub async fn run(args: &KeysArgs) -> Result<(), CliError> {
     }
 }
 
+/// A verdict on one key, and whether the operator already confirmed it.
+struct Verdict<'a> {
+    key: &'a KeyRef,
+    verdict: pb::reconcile_request::Verdict,
+    yes: bool,
+}
+
+/// Confirms (see [`confirm`]), records the verdict and prints the result.
 async fn reconcile(
     out: &mut impl Write,
     output: OutputFormat,
     client: &mut IdempotencyClient<tonic::transport::Channel>,
     connection: &Connection,
-    key: &KeyRef,
-    verdict: pb::reconcile_request::Verdict,
+    Verdict { key, verdict, yes }: Verdict<'_>,
 ) -> Result<(), CliError> {
+    let (name, detail) = describe(&verdict);
+    confirm(yes, key, name, &detail)?;
     let request = connection.request(pb::ReconcileRequest {
         endpoint: key.endpoint.clone(),
         key: key.key.clone(),
@@ -234,7 +235,7 @@ fn verdict_of(
         return Ok(Verdict::Failed(reason.clone()));
     }
     Ok(Verdict::Takeover(pb::Takeover {
-        lease: lease.map(|d| duration_pb(d.into())),
+        lease: lease.map(|d| duration(d.into())),
     }))
 }
 
@@ -368,28 +369,15 @@ fn state(record: &pb::Record) -> String {
 
 fn instant(at: Option<&prost_types::Timestamp>) -> String {
     at.map_or_else(String::new, |at| {
-        humantime::format_rfc3339_millis(system_time(at)).to_string()
+        humantime::format_rfc3339_millis(crate::api::system_time(at)).to_string()
     })
 }
 
 fn age(at: Option<&prost_types::Timestamp>, now: SystemTime) -> String {
-    at.and_then(|at| now.duration_since(system_time(at)).ok())
+    at.and_then(|at| now.duration_since(crate::api::system_time(at)).ok())
         .map_or_else(String::new, |age| {
             humantime::format_duration(Duration::from_secs(age.as_secs())).to_string()
         })
-}
-
-fn system_time(at: &prost_types::Timestamp) -> SystemTime {
-    UNIX_EPOCH
-        + Duration::from_secs(u64::try_from(at.seconds).unwrap_or(0))
-        + Duration::from_nanos(u64::try_from(at.nanos).unwrap_or(0))
-}
-
-fn duration_pb(value: Duration) -> prost_types::Duration {
-    prost_types::Duration {
-        seconds: i64::try_from(value.as_secs()).unwrap_or(i64::MAX),
-        nanos: i32::try_from(value.subsec_nanos()).unwrap_or(0),
-    }
 }
 
 /// Columns padded to their widest cell; the last column is not padded.

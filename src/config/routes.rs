@@ -31,6 +31,7 @@
 //! would hand one client's session to another caller with the same key.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
@@ -138,8 +139,8 @@ pub struct Route {
     segments: Vec<Segment>,
     /// A final `/*`: any further segments.
     rest: bool,
-    /// Its settings.
-    pub settings: RouteSettings,
+    /// Its settings (shared: each request holds them while it runs).
+    pub settings: Arc<RouteSettings>,
 }
 
 impl Route {
@@ -195,14 +196,14 @@ pub fn upstream_authority(url: &str) -> Result<http::uri::Authority, ConfigError
 #[derive(Debug, Clone, Default)]
 pub struct Routes {
     routes: Vec<Route>,
-    defaults: RouteSettings,
+    defaults: Arc<RouteSettings>,
 }
 
 /// A request's route: its settings and its endpoint.
 #[derive(Debug, Clone)]
 pub struct Matched<'a> {
     /// The settings that apply.
-    pub settings: &'a RouteSettings,
+    pub settings: &'a Arc<RouteSettings>,
     /// `METHOD path`, the endpoint the key belongs to.
     pub endpoint: String,
 }
@@ -252,10 +253,13 @@ impl Routes {
                 path,
                 segments,
                 rest,
-                settings: route.over(&defaults, &field)?,
+                settings: Arc::new(route.over(&defaults, &field)?),
             });
         }
-        Ok(Self { routes, defaults })
+        Ok(Self {
+            routes,
+            defaults: Arc::new(defaults),
+        })
     }
 }
 

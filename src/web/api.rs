@@ -23,14 +23,12 @@
 //! a client certificate over mTLS, or `x-tenant-id` with auth off. Errors
 //! are problem details ([`super::problem`]) with the gRPC code and details.
 
-use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode, header};
-use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
 use super::problem::Problem;
 use super::serve::{Body, boxed, full};
-use super::{ConnectionCerts, Services, grpc_request};
+use super::{ConnectionCerts, Services, grpc_request, read_body};
 use crate::proto::json::{self, JsonError};
 use crate::proto::v1 as pb;
 use crate::proto::v1::audit_server::Audit;
@@ -66,20 +64,46 @@ fn to_json<T: prost::Message>(name: &str, message: &T) -> Result<Vec<u8>, Proble
     serde_json::to_vec(&value).map_err(|e| problem(JsonError::Internal(e.to_string())))
 }
 
-/// Decodes the request, calls `$method` of `$service` in process and
-/// encodes its answer.
-macro_rules! rpc {
-    ($services:expr, $body:expr, $parts:expr, $certs:expr, $service:ident :: $method:ident, $request:ident => $response:ident) => {{
-        let message: pb::$request = from_json(concat!("idemd.v1.", stringify!($request)), &$body)?;
-        let request = grpc_request(message, &$parts.headers, &header::AUTHORIZATION, $certs);
-        let response = <S as $service>::$method($services, request)
-            .await
-            .map_err(|status| Problem::from_status(&status))?;
-        to_json(
-            concat!("idemd.v1.", stringify!($response)),
-            response.get_ref(),
-        )?
-    }};
+/// The API's routes, each once: generates [`ROUTES`] and [`call`], which
+/// decodes the request, calls the RPC in process and encodes its answer.
+macro_rules! api {
+    ($($path:literal => $service:ident :: $method:ident($request:ident => $response:ident),)*) => {
+        /// Paths of the API, in the order of the table above.
+        pub const ROUTES: &[&str] = &[$($path),*];
+
+        /// The JSON answer of the RPC at `path` (one of [`ROUTES`]).
+        async fn call<S: Services>(
+            services: &S,
+            path: &str,
+            body: &[u8],
+            headers: &http::HeaderMap,
+            certs: &ConnectionCerts,
+        ) -> Result<Vec<u8>, Problem> {
+            match path {
+                $($path => {
+                    let message: pb::$request =
+                        from_json(concat!("idemd.v1.", stringify!($request)), body)?;
+                    let request = grpc_request(message, headers, &header::AUTHORIZATION, certs);
+                    let response = <S as $service>::$method(services, request)
+                        .await
+                        .map_err(|status| Problem::from_status(&status))?;
+                    to_json(concat!("idemd.v1.", stringify!($response)), response.get_ref())
+                })*
+                _ => Err(Problem::new(StatusCode::NOT_FOUND, "not_found", format!("no RPC at {path}"))),
+            }
+        }
+    };
+}
+
+api! {
+    "/v1/claim" => Idempotency::claim(ClaimRequest => ClaimResponse),
+    "/v1/complete" => Idempotency::complete(CompleteRequest => CompleteResponse),
+    "/v1/fail" => Idempotency::fail(FailRequest => FailResponse),
+    "/v1/extend-lease" => Idempotency::extend_lease(ExtendLeaseRequest => ExtendLeaseResponse),
+    "/v1/lookup" => Idempotency::lookup(LookupRequest => LookupResponse),
+    "/v1/list-pending" => Idempotency::list_pending(ListPendingRequest => ListPendingResponse),
+    "/v1/reconcile" => Idempotency::reconcile(ReconcileRequest => ReconcileResponse),
+    "/v1/audit-events" => Audit::list_audit_events(ListAuditEventsRequest => ListAuditEventsResponse),
 }
 
 /// Handles one request of the JSON API.
@@ -145,60 +169,5 @@ async fn dispatch<S: Services>(
         }
     }
     let body = read_body(body, MAX_JSON_BODY_BYTES).await?;
-    let json = match path.as_str() {
-        "/v1/claim" => {
-            rpc!(services, body, parts, certs, Idempotency::claim, ClaimRequest => ClaimResponse)
-        }
-        "/v1/complete" => {
-            rpc!(services, body, parts, certs, Idempotency::complete, CompleteRequest => CompleteResponse)
-        }
-        "/v1/fail" => {
-            rpc!(services, body, parts, certs, Idempotency::fail, FailRequest => FailResponse)
-        }
-        "/v1/extend-lease" => {
-            rpc!(services, body, parts, certs, Idempotency::extend_lease, ExtendLeaseRequest => ExtendLeaseResponse)
-        }
-        "/v1/lookup" => {
-            rpc!(services, body, parts, certs, Idempotency::lookup, LookupRequest => LookupResponse)
-        }
-        "/v1/list-pending" => {
-            rpc!(services, body, parts, certs, Idempotency::list_pending, ListPendingRequest => ListPendingResponse)
-        }
-        "/v1/reconcile" => {
-            rpc!(services, body, parts, certs, Idempotency::reconcile, ReconcileRequest => ReconcileResponse)
-        }
-        _ => {
-            rpc!(services, body, parts, certs, Audit::list_audit_events, ListAuditEventsRequest => ListAuditEventsResponse)
-        }
-    };
-    Ok(json)
-}
-
-/// Paths of the API, in the order of the table above.
-pub const ROUTES: [&str; 8] = [
-    "/v1/claim",
-    "/v1/complete",
-    "/v1/fail",
-    "/v1/extend-lease",
-    "/v1/lookup",
-    "/v1/list-pending",
-    "/v1/reconcile",
-    "/v1/audit-events",
-];
-
-/// Reads a whole body of at most `limit` bytes; a larger one is `413`.
-pub async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, Problem> {
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(Problem::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "request_too_large",
-            format!("request body exceeds {limit} bytes"),
-        )),
-        Err(error) => Err(Problem::new(
-            StatusCode::BAD_REQUEST,
-            "request_body_unreadable",
-            format!("reading the request body failed: {error}"),
-        )),
-    }
+    call(services, &path, &body, &parts.headers, certs).await
 }

@@ -27,6 +27,8 @@ pub mod serve;
 
 use std::sync::Arc;
 
+use http_body_util::{BodyExt, Limited};
+
 use crate::auth::PeerCertificates;
 use crate::proto::v1 as pb;
 
@@ -86,4 +88,24 @@ pub fn grpc_request<T>(
             .insert(PeerCertificates(Arc::clone(certs)));
     }
     request
+}
+
+/// Reads a whole body of at most `limit` bytes; a larger one is `413`.
+pub async fn read_body(
+    body: hyper::body::Incoming,
+    limit: usize,
+) -> Result<bytes::Bytes, problem::Problem> {
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(problem::Problem::new(
+            http::StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            format!("request body exceeds {limit} bytes"),
+        )),
+        Err(error) => Err(problem::Problem::new(
+            http::StatusCode::BAD_REQUEST,
+            "request_body_unreadable",
+            format!("reading the request body failed: {error}"),
+        )),
+    }
 }

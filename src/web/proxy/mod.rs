@@ -42,7 +42,7 @@ pub mod upstream;
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::StatusCode;
@@ -102,7 +102,7 @@ impl<S: Services> Proxy<S> {
     ) -> http::Response<Body> {
         let (parts, body) = request.into_parts();
         let matched = self.routes.find(&parts.method, parts.uri.path());
-        let settings = matched.settings.clone();
+        let settings = Arc::clone(matched.settings);
         if !settings.methods.contains(&parts.method) {
             count("passthrough");
             return self.pass_through(parts, body, &settings).await;
@@ -141,7 +141,7 @@ impl<S: Services> Proxy<S> {
                 }
             },
         };
-        let body = match super::api::read_body(body, settings.max_request_bytes).await {
+        let body = match super::read_body(body, settings.max_request_bytes).await {
             Ok(body) => body,
             Err(problem) => {
                 count("rejected");
@@ -166,7 +166,7 @@ impl<S: Services> Proxy<S> {
                     .to_string(),
                 ignore_fields: settings.ignore_fields.clone(),
             })),
-            wait: (!settings.max_wait.is_zero()).then(|| duration_pb(settings.max_wait)),
+            wait: (!settings.max_wait.is_zero()).then(|| crate::api::duration(settings.max_wait)),
             ..Default::default()
         };
         let request = grpc_request(claim, &parts.headers, &self.token_header, &certs);
@@ -216,7 +216,7 @@ impl<S: Services> Proxy<S> {
                 problem.retry_after(
                     in_progress
                         .retry_after
-                        .map_or(Duration::from_secs(1), duration_from_pb),
+                        .map_or(Duration::from_secs(1), |d| crate::api::std_duration(&d)),
                 );
                 boxed(problem.response())
             }
@@ -262,7 +262,7 @@ impl<S: Services> Proxy<S> {
         body: Incoming,
         settings: &RouteSettings,
     ) -> http::Response<Body> {
-        let body = match super::api::read_body(body, settings.max_request_bytes).await {
+        let body = match super::read_body(body, settings.max_request_bytes).await {
             Ok(body) => body,
             Err(problem) => return boxed(problem.response()),
         };
@@ -296,7 +296,7 @@ struct Call<S> {
     /// Fail and ExtendLease calls (the lease holder is the claiming caller).
     headers: http::HeaderMap,
     certs: ConnectionCerts,
-    settings: RouteSettings,
+    settings: Arc<RouteSettings>,
 }
 
 impl<S: Services> Call<S> {
@@ -448,10 +448,9 @@ impl<S: Services> Call<S> {
             .lease_expires_at
             .as_ref()
             .and_then(|at| {
-                let at = UNIX_EPOCH
-                    + Duration::from_secs(u64::try_from(at.seconds).ok()?)
-                    + Duration::from_nanos(u64::try_from(at.nanos).ok()?);
-                at.duration_since(SystemTime::now()).ok()
+                crate::api::system_time(at)
+                    .duration_since(SystemTime::now())
+                    .ok()
             })
             .unwrap_or(Duration::from_secs(1));
         let period = (remaining / 3).max(Duration::from_millis(100));
@@ -586,18 +585,6 @@ fn gateway_timeout(detail: &str, pending: bool) -> http::Response<Body> {
 
 fn record_upstream(started: Instant) {
     metrics::histogram!(names::PROXY_UPSTREAM_DURATION).record(started.elapsed().as_secs_f64());
-}
-
-fn duration_pb(value: Duration) -> prost_types::Duration {
-    prost_types::Duration {
-        seconds: i64::try_from(value.as_secs()).unwrap_or(i64::MAX),
-        nanos: i32::try_from(value.subsec_nanos()).unwrap_or(0),
-    }
-}
-
-fn duration_from_pb(value: prost_types::Duration) -> Duration {
-    Duration::from_secs(u64::try_from(value.seconds).unwrap_or(0))
-        + Duration::from_nanos(u64::try_from(value.nanos).unwrap_or(0))
 }
 
 /// At most `max` bytes of `text`, cut at a character boundary.
