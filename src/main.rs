@@ -61,8 +61,8 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 /// `idemd migrate`: create the keyspace, apply pending migrations.
 fn migrate(args: &MigrateArgs) -> ExitCode {
     init_logging("info", args.log_format);
-    // ListPending's look-back is irrelevant to migrations; the default
-    // policy's value keeps the options valid.
+    // Policies are irrelevant to migrations; the default policy's max_ttl
+    // keeps the options valid.
     let options = match args.cql.options(idemd::engine::Policy::default().max_ttl) {
         Ok(options) => options,
         Err(error) => {
@@ -86,6 +86,12 @@ fn migrate(args: &MigrateArgs) -> ExitCode {
                 "migrations applied by this run: {:?}; already applied: {:?}",
                 report.applied, report.already_applied
             );
+            if let Some(copied) = report.legacy_pending {
+                println!(
+                    "pending entries of older releases: {} found in {} pending_index partitions, {} copied to the bucketed index",
+                    copied.entries, copied.partitions, copied.copied
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(error) => {

@@ -19,6 +19,7 @@ mod clients;
 mod load;
 mod noop;
 mod report;
+mod scale;
 mod servers;
 mod suite;
 mod systems;
@@ -49,6 +50,10 @@ enum Command {
     /// A long open-loop run at a fraction of the measured maximum, watching
     /// RSS and errors over time.
     Soak(suite::SoakArgs),
+    /// One busy tenant's day on the CQL store: fills it with Claim+Complete
+    /// pairs, leaves one claim stale, checks ListPending, the gauges and the
+    /// pending index's partition bound (docs/scylla.md).
+    CqlScale(scale::ScaleArgs),
     /// Serves the no-op baseline (canned responses); prints its address.
     NoopServer {
         /// Address to listen on (port 0 picks a free one).
@@ -73,7 +78,7 @@ fn main() -> ExitCode {
         Command::Run(args) => args.common.pin,
         Command::Compare(args) => args.common.pin,
         Command::Soak(args) => args.common.pin,
-        Command::NoopServer { .. } | Command::Upstream { .. } => false,
+        Command::NoopServer { .. } | Command::Upstream { .. } | Command::CqlScale(_) => false,
     };
     // Before the runtime exists, so that every thread it starts inherits
     // the client core.
@@ -96,6 +101,7 @@ fn main() -> ExitCode {
             Command::Run(args) => suite::run(args).await,
             Command::Compare(args) => suite::compare(args).await,
             Command::Soak(args) => suite::soak(args).await,
+            Command::CqlScale(args) => scale::run(args).await,
             Command::NoopServer { listen } => noop::serve(listen).await.map(|()| true),
             Command::Upstream { listen, work } => {
                 upstream::serve(listen, work.into()).await.map(|()| true)

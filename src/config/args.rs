@@ -306,6 +306,11 @@ pub struct CqlArgs {
     /// SERIAL read, never guessed.
     #[arg(long, env = "IDEMD_CQL_LWT_TIMEOUT")]
     pub cql_lwt_timeout: Option<humantime::Duration>,
+    /// How far behind the clock the pending index is sealed. Must exceed
+    /// the worst clock skew between idemd replicas plus one statement's
+    /// latency (docs/scylla.md, "The pending index").
+    #[arg(long, env = "IDEMD_CQL_SEAL_GRACE", default_value_t = cql::DEFAULT_SEAL_GRACE.into())]
+    pub cql_seal_grace: humantime::Duration,
 }
 
 impl CqlArgs {
@@ -327,6 +332,7 @@ impl CqlArgs {
             request_timeout: self.cql_request_timeout.into(),
             lwt_timeout: self.cql_lwt_timeout.map(Into::into),
             max_ttl,
+            seal_grace: self.cql_seal_grace.into(),
         };
         options
             .validate()

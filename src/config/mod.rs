@@ -182,6 +182,9 @@ impl ConfigError {
 }
 
 /// The store a server runs on.
+// Built once at start-up and never moved in bulk: boxing the CQL options
+// would only make every reader unwrap them.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum StoreSettings {
     /// The embedded file store in `Settings::data_dir`.

@@ -238,6 +238,17 @@ impl Engine {
             .ok_or_else(|| EngineError::NotFound("no record for this key".to_string()))
     }
 
+    /// How often [`Engine::maintain_store`] should run (`None`: never).
+    pub fn store_maintenance_interval(&self) -> Option<std::time::Duration> {
+        self.store.maintenance_interval()
+    }
+
+    /// The store's background upkeep, at the engine's clock (see
+    /// [`Store::maintain`]).
+    pub async fn maintain_store(&self) -> EngineResult<()> {
+        Ok(self.store.maintain(self.now()).await?)
+    }
+
     /// Removes expired records, then audit events past their retention, in
     /// batches until fewer than `batch` remain due; returns how many.
     pub async fn sweep_expired(&self, batch: usize) -> EngineResult<usize> {

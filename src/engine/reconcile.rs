@@ -9,7 +9,7 @@ use super::{
     PendingInput, PendingSummary, PreconditionReason, ReconcileResult, Verdict, contention,
     lease_of, ms, new_lease_token, validate,
 };
-use crate::store::{CasOutcome, Expected, PendingQuery, RecordState};
+use crate::store::{CasOutcome, Expected, PendingQuery, RecordState, count_pending};
 
 impl Engine {
     /// ListPending: records that need a decision.
@@ -165,49 +165,33 @@ impl Engine {
     }
 
     /// Counts the tenant's records that need a decision, by state, and the
-    /// age of the oldest, reading at most `max_records` from the index.
+    /// age of the oldest: the backend's own summary when it keeps one (CQL:
+    /// one replica counts, every replica reads a row), else read from the
+    /// index, at most `max_records` of it.
     pub async fn pending_summary(
         &self,
         tenant: &str,
         max_records: usize,
     ) -> EngineResult<PendingSummary> {
         let now = self.now();
-        let mut summary = PendingSummary {
-            counts: vec![("in_progress", 0), ("unknown", 0), ("failed", 0)],
-            oldest_age: Duration::ZERO,
+        let counts = match self.store.pending_summary(tenant, now).await? {
+            Some(counts) => counts,
+            None => count_pending(self.store.as_ref(), tenant, now, max_records).await?,
         };
-        let mut token = None;
-        let mut seen = 0;
-        let mut oldest: Option<i64> = None;
-        loop {
-            let query = PendingQuery {
-                tenant: tenant.to_string(),
-                endpoint: None,
-                created_at_or_before_ms: None,
-                page_size: MAX_PAGE_SIZE,
-                page_token: token,
-            };
-            let page = self.store.list_pending(&query, now).await?;
-            for record in &page.records {
-                if let Some(entry) = summary
-                    .counts
-                    .iter_mut()
-                    .find(|(s, _)| *s == record.state.as_str())
-                {
-                    entry.1 += 1;
-                }
-                let since = record.pending_since_ms().unwrap_or(now);
-                oldest = Some(oldest.map_or(since, |o| o.min(since)));
-            }
-            seen += page.records.len();
-            token = page.next_page_token;
-            if token.is_none() || seen >= max_records {
-                break;
-            }
-        }
-        if let Some(oldest) = oldest {
-            summary.oldest_age = Duration::from_millis((now - oldest).max(0).unsigned_abs());
-        }
+        let summary = PendingSummary {
+            counts: vec![
+                ("in_progress", as_count(counts.in_progress)),
+                ("unknown", as_count(counts.unknown)),
+                ("failed", as_count(counts.failed)),
+            ],
+            oldest_age: counts.oldest_since_ms.map_or(Duration::ZERO, |oldest| {
+                Duration::from_millis((now - oldest).max(0).unsigned_abs())
+            }),
+        };
         Ok(summary)
     }
+}
+
+fn as_count(count: u64) -> usize {
+    usize::try_from(count).unwrap_or(usize::MAX)
 }

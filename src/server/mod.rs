@@ -508,6 +508,9 @@ where
     );
 
     let sweeper = tokio::spawn(sweep_forever(Arc::clone(&engine), settings.sweep_interval));
+    let maintenance = engine
+        .store_maintenance_interval()
+        .map(|every| tokio::spawn(maintain_forever(Arc::clone(&engine), every)));
     // The pending gauges cost store reads: only when metrics are exported.
     let pending_gauges = settings.metrics_listen.map(|_| {
         tokio::spawn(refresh_pending_gauges(
@@ -547,6 +550,9 @@ where
         };
         serving.abort_all();
         sweeper.abort();
+        if let Some(task) = &maintenance {
+            task.abort();
+        }
         if let Some(watcher) = &watcher {
             watcher.abort();
         }
@@ -620,6 +626,19 @@ async fn refresh_pending_gauges(engine: Arc<Engine>, auth: Authenticator, labels
                 }
                 Err(error) => tracing::warn!(%tenant, %error, "refreshing pending gauges failed"),
             }
+        }
+    }
+}
+
+/// The store's upkeep (CQL: sealing the pending index), on every replica;
+/// the store makes concurrent runs safe.
+async fn maintain_forever(engine: Arc<Engine>, interval: Duration) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        if let Err(error) = engine.maintain_store().await {
+            tracing::warn!(%error, "store maintenance failed");
         }
     }
 }

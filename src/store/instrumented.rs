@@ -10,8 +10,8 @@ use std::time::Instant;
 use async_trait::async_trait;
 
 use super::{
-    CasOutcome, Expected, InsertOutcome, PendingPage, PendingQuery, Record, RecordKey, Store,
-    StoreResult,
+    CasOutcome, Expected, InsertOutcome, PendingCounts, PendingPage, PendingQuery, Record,
+    RecordKey, Store, StoreResult,
 };
 use crate::metrics as names;
 
@@ -104,6 +104,26 @@ impl Store for InstrumentedStore {
 
     async fn list_pending(&self, query: &PendingQuery, now_ms: i64) -> StoreResult<PendingPage> {
         measured!(self, "list_pending", self.inner.list_pending(query, now_ms))
+    }
+
+    fn maintenance_interval(&self) -> Option<std::time::Duration> {
+        self.inner.maintenance_interval()
+    }
+
+    async fn maintain(&self, now_ms: i64) -> StoreResult<()> {
+        measured!(self, "maintain", self.inner.maintain(now_ms))
+    }
+
+    async fn pending_summary(
+        &self,
+        tenant: &str,
+        now_ms: i64,
+    ) -> StoreResult<Option<PendingCounts>> {
+        measured!(
+            self,
+            "pending_summary",
+            self.inner.pending_summary(tenant, now_ms)
+        )
     }
 
     async fn sweep_expired(&self, now_ms: i64, max_records: usize) -> StoreResult<usize> {

@@ -28,6 +28,8 @@ pub mod instrumented;
 pub mod memory;
 pub mod response;
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 
 /// Identity of a record: what one idempotency key means.
@@ -237,6 +239,69 @@ pub struct PendingPage {
     pub next_page_token: Option<Vec<u8>>,
 }
 
+/// How many of a tenant's records need a decision, by state: what the
+/// pending gauges report.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PendingCounts {
+    /// IN_PROGRESS past their lease.
+    pub in_progress: u64,
+    /// UNKNOWN.
+    pub unknown: u64,
+    /// FAILED.
+    pub failed: u64,
+    /// The oldest `pending_since` among them.
+    pub oldest_since_ms: Option<i64>,
+    /// The count stopped at its bound: there are more.
+    pub truncated: bool,
+}
+
+/// Rows per ListPending page when counting.
+const COUNT_PAGE_SIZE: usize = 1000;
+
+/// Counts the tenant's records that need a decision at `now_ms` by paging
+/// through [`Store::list_pending`], reading at most about `max_records`.
+/// What the engine does for a backend that keeps no summary, and what the
+/// CQL sealer stores as one.
+pub async fn count_pending<S: Store + ?Sized>(
+    store: &S,
+    tenant: &str,
+    now_ms: i64,
+    max_records: usize,
+) -> StoreResult<PendingCounts> {
+    let mut counts = PendingCounts::default();
+    let mut token = None;
+    let mut seen = 0;
+    loop {
+        let query = PendingQuery {
+            tenant: tenant.to_string(),
+            endpoint: None,
+            created_at_or_before_ms: None,
+            page_size: COUNT_PAGE_SIZE,
+            page_token: token,
+        };
+        let page = store.list_pending(&query, now_ms).await?;
+        for record in &page.records {
+            match record.state {
+                RecordState::InProgress => counts.in_progress += 1,
+                RecordState::Unknown => counts.unknown += 1,
+                RecordState::Failed => counts.failed += 1,
+                RecordState::Completed => continue,
+            }
+            let since = record.pending_since_ms().unwrap_or(now_ms);
+            counts.oldest_since_ms = Some(counts.oldest_since_ms.map_or(since, |o| o.min(since)));
+        }
+        seen += page.records.len();
+        token = page.next_page_token;
+        if token.is_none() {
+            return Ok(counts);
+        }
+        if seen >= max_records {
+            counts.truncated = true;
+            return Ok(counts);
+        }
+    }
+}
+
 /// What went wrong in a store.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
@@ -343,6 +408,33 @@ pub trait Store: Send + Sync + 'static {
     /// The tenant's records that need a decision at `now_ms`, oldest
     /// `pending_since` first, from an index (never a scan of all records).
     async fn list_pending(&self, query: &PendingQuery, now_ms: i64) -> StoreResult<PendingPage>;
+
+    /// How often [`Store::maintain`] should run; `None` (the default) when
+    /// the backend has no upkeep.
+    fn maintenance_interval(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Background upkeep that must not wait for a request, run every
+    /// [`Store::maintenance_interval`] on every replica with the engine's
+    /// clock. Must be safe to run concurrently on many replicas. CQL: seals
+    /// the pending index (`store::cql::pending::seal`).
+    async fn maintain(&self, _now_ms: i64) -> StoreResult<()> {
+        Ok(())
+    }
+
+    /// Counts of the tenant's pending records that the backend keeps up to
+    /// date itself, so that the gauges of every replica need not walk the
+    /// index; `None` (the default) when it keeps none and the caller
+    /// should use [`count_pending`]. May lag by the backend's maintenance
+    /// interval.
+    async fn pending_summary(
+        &self,
+        _tenant: &str,
+        _now_ms: i64,
+    ) -> StoreResult<Option<PendingCounts>> {
+        Ok(None)
+    }
 
     /// Physically removes up to `max_records` records expired at `now_ms`;
     /// returns how many were removed. Backends with native TTL return 0.

@@ -27,5 +27,6 @@ mod cql_cluster;
 mod encryption_cql;
 mod grpc_cql;
 mod keys_cql;
+mod pending_cql;
 mod proxy_cql;
 mod store_cql;

@@ -72,8 +72,11 @@ pub struct CqlOptions {
     /// differ from `request_timeout`. When it fires, the write's outcome is
     /// resolved by a SERIAL read.
     pub lwt_timeout: Option<Duration>,
-    /// The longest ttl any policy allows: how far back ListPending looks.
+    /// The longest ttl any policy allows.
     pub max_ttl: Duration,
+    /// How far behind the clock the pending index's watermark is kept
+    /// (`--cql-seal-grace`; see `store::cql::pending`).
+    pub seal_grace: Duration,
 }
 
 /// Default contact point.
@@ -111,6 +114,14 @@ impl CqlOptions {
         if self.lwt_timeout.is_some_and(|t| t.is_zero()) {
             return Err(("cql_lwt_timeout", "must be greater than zero".to_string()));
         }
+        if self.seal_grace < Duration::from_secs(1) {
+            return Err((
+                "cql_seal_grace",
+                "must be at least 1s (more than the clock skew between replicas plus one \
+                 statement's latency)"
+                    .to_string(),
+            ));
+        }
         Ok(())
     }
 
@@ -128,6 +139,7 @@ impl CqlOptions {
             lwt_timeout: None,
             // The default policy's max_ttl (`engine::Policy`); tests use it.
             max_ttl: Duration::from_secs(7 * 24 * 3600),
+            seal_grace: super::DEFAULT_SEAL_GRACE,
         }
     }
 }

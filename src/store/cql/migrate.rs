@@ -48,7 +48,16 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "audit",
         cql: include_str!("../../../migrations/0002_audit.cql"),
     },
+    Migration {
+        version: 3,
+        name: "pending_buckets",
+        cql: include_str!("../../../migrations/0003_pending_buckets.cql"),
+    },
 ];
+
+/// The migration that replaced `pending_index`: from it on, every run also
+/// copies what older releases wrote there ([`super::copy_legacy_index`]).
+const BUCKETED_PENDING_INDEX: i32 = 3;
 
 /// A claim on a migration older than this is considered abandoned (its
 /// owner died) and may be taken over.
@@ -80,6 +89,8 @@ pub struct MigrationReport {
     pub applied: Vec<i32>,
     /// Versions found already applied (by this or another run).
     pub already_applied: Vec<i32>,
+    /// What the copy of migration 1's pending index found and copied.
+    pub legacy_pending: Option<super::LegacyReport>,
 }
 
 /// Splits a migration into statements: `;`-separated, `--` comments dropped.
@@ -141,6 +152,17 @@ pub async fn run(
     replication: &str,
     owner: &str,
 ) -> Result<MigrationReport, StoreError> {
+    run_to(options, replication, owner, i32::MAX).await
+}
+
+/// [`run`], applying migrations up to version `last` only: how the upgrade
+/// tests build a keyspace as an older release left it.
+pub async fn run_to(
+    options: &CqlOptions,
+    replication: &str,
+    owner: &str,
+    last: i32,
+) -> Result<MigrationReport, StoreError> {
     validate_keyspace(&options.keyspace).map_err(StoreError::Unavailable)?;
     let session = connect(options).await?;
     let keyspace = &options.keyspace;
@@ -196,7 +218,7 @@ pub async fn run(
     read.set_consistency(options.consistency.serial_read());
 
     let mut report = MigrationReport::default();
-    for migration in MIGRATIONS {
+    for migration in MIGRATIONS.iter().filter(|m| m.version <= last) {
         let now = now_ms();
         let result = session
             .execute_unpaged(&claim, (migration.version, migration.name, owner, now))
@@ -293,6 +315,19 @@ pub async fn run(
             "migration applied"
         );
         report.applied.push(migration.version);
+    }
+    if last >= BUCKETED_PENDING_INDEX {
+        let grace = i64::try_from(options.seal_grace.as_millis()).unwrap_or(i64::MAX);
+        let copied = super::copy_legacy_index(&session, keyspace, grace, now_ms()).await?;
+        if copied.entries > 0 {
+            tracing::info!(
+                partitions = copied.partitions,
+                entries = copied.entries,
+                copied = copied.copied,
+                "pending entries of an older release copied to the bucketed index"
+            );
+        }
+        report.legacy_pending = Some(copied);
     }
     Ok(report)
 }

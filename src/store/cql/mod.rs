@@ -41,12 +41,16 @@
 //!
 //! # Pending index
 //!
-//! `pending_index` is written before the conditional write that makes a
-//! record due (a crash between the two must never hide a claim from
-//! ListPending: `a_crash_between_two_writes_never_hides_a_claim_from_list_pending`
-//! kills idemd there), deleted eagerly after the write that makes it not
-//! due, and verified against `records` on read (see the migration for the
-//! reasoning).
+//! Bucketed by due instant and sharded by key, with a per-tenant watermark
+//! that a sealer keeps behind the clock (see [`pending`] and migration 3):
+//! no partition receives more than one bucket of one shard of a tenant's
+//! claims, and no read walks the tombstones below the watermark. An entry is
+//! written before the conditional write that makes a record due (a crash
+//! between the two must never hide a claim from ListPending:
+//! `a_crash_between_two_writes_never_hides_a_claim_from_list_pending` kills
+//! idemd there, and at the sealer's two crash points), deleted eagerly
+//! after the write that makes it not due, and verified against `records`
+//! on read.
 //!
 //! # Round trips of a fresh pair
 //!
@@ -82,8 +86,8 @@ use scylla::statement::prepared::PreparedStatement;
 use scylla::value::CqlValue;
 
 use super::{
-    CasOutcome, Expected, InsertOutcome, PendingPage, PendingQuery, Record, RecordKey, Store,
-    StoreError, StoreResult,
+    CasOutcome, Expected, InsertOutcome, PendingCounts, PendingPage, PendingQuery, Record,
+    RecordKey, Store, StoreError, StoreResult,
 };
 use crate::crypto::Keyring;
 use connection::unavailable;
@@ -91,18 +95,16 @@ pub use connection::{
     CqlConsistency, CqlOptions, DEFAULT_KEYSPACE, DEFAULT_NODE, DEFAULT_REQUEST_TIMEOUT, connect,
     validate_keyspace,
 };
-use pending::{EntryVerdict, classify_entry, decode_token, encode_token, index_entry};
+use pending::Tenants;
+pub use pending::legacy::{LegacyReport, copy_legacy_index};
+pub use pending::seal::SealReport;
+pub use pending::{BUCKET_MS, DEFAULT_SEAL_GRACE, SHARDS, SealTiming};
 use rows::{NamedRow, key_values, record_values, text_value, values};
 use statements::Statements;
 
-/// Milliseconds in a day: the width of one pending-index partition.
+/// Milliseconds in a day: the width of one partition of the audit tables
+/// and of migration 1's pending index.
 const DAY_MS: i64 = 86_400_000;
-
-/// How long an index entry may disagree with its record before it counts as
-/// stale: longer than any statement can stay in flight (driver timeouts are
-/// seconds), so an entry written just before a conditional write that has
-/// not landed yet is never deleted under it.
-const INDEX_GRACE_MS: i64 = 60_000;
 
 /// Lower bound on the timeout of the SERIAL reads that resolve uncertain
 /// writes, whatever the statement timeout.
@@ -110,9 +112,6 @@ const RESOLVE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// SERIAL read attempts when resolving one uncertain write.
 const RESOLVE_ATTEMPTS: usize = 3;
-
-/// Index entries examined per ListPending page beyond the page size.
-const MAX_PENDING_SCAN_EXTRA: usize = 5_000;
 
 /// Counters of the backend, for tests and metrics.
 #[derive(Debug, Default)]
@@ -129,8 +128,15 @@ pub struct CqlStore {
     session: Arc<Session>,
     /// Prepared once at start.
     statements: Statements,
-    /// How far back ListPending looks, in days.
-    max_ttl_days: i64,
+    /// What this replica knows of each tenant's pending index.
+    tenants: Tenants,
+    /// The sealer's grace and steps.
+    timing: SealTiming,
+    /// This replica's name in `pending_cursor.sealed_by` (host and pid).
+    replica: String,
+    /// The longest ttl a policy allows, in seconds: the TTL of an index
+    /// entry whose record's expiry is unknown.
+    max_ttl_seconds: i32,
     /// Counters.
     stats: Arc<CqlStats>,
     /// Seals and opens the `response` column; `None` writes it in clear.
@@ -206,6 +212,14 @@ fn ttl_seconds(expires_at_ms: i64, now_ms: i64) -> i32 {
     i32::try_from((remaining_ms + 999) / 1000).unwrap_or(i32::MAX)
 }
 
+/// This process's name in the rows it writes for other replicas to read.
+fn replica_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".to_string());
+    format!("{host}:{}", std::process::id())
+}
+
 pub(crate) fn day_of(instant_ms: i64) -> i32 {
     i32::try_from(instant_ms.div_euclid(DAY_MS)).unwrap_or(i32::MAX)
 }
@@ -221,6 +235,18 @@ fn crash_point(name: &str) {
     }
     #[cfg(not(feature = "cql-tests"))]
     let _ = name;
+}
+
+/// [`crash_point`] for work done per tenant (the sealer visits every
+/// tenant of the keyspace): with `IDEMD_CRASH_TENANT` set, only that
+/// tenant's visit aborts.
+fn crash_point_in(name: &str, tenant: &str) {
+    #[cfg(feature = "cql-tests")]
+    if std::env::var("IDEMD_CRASH_TENANT").is_ok_and(|t| t == tenant) {
+        crash_point(name);
+    }
+    #[cfg(not(feature = "cql-tests"))]
+    let _ = (name, tenant);
 }
 
 /// Whether `current` is exactly the state `written` put there: the fields a
@@ -251,14 +277,13 @@ impl CqlStore {
         validate_keyspace(&options.keyspace).map_err(StoreError::Unavailable)?;
         let session = connect(options).await?;
         let statements = Statements::prepare(&session, options).await?;
-        let max_ttl_days = i64::try_from(options.max_ttl.as_millis())
-            .unwrap_or(i64::MAX)
-            .div_euclid(DAY_MS)
-            + 2;
         Ok(Self {
             session: Arc::new(session),
             statements,
-            max_ttl_days,
+            tenants: Tenants::default(),
+            timing: SealTiming::for_grace(options.seal_grace),
+            replica: replica_name(),
+            max_ttl_seconds: i32::try_from(options.max_ttl.as_secs()).unwrap_or(i32::MAX),
             stats: Arc::new(CqlStats::default()),
             keyring,
         })
@@ -267,6 +292,28 @@ impl CqlStore {
     /// Counters (uncertain writes).
     pub fn stats(&self) -> &CqlStats {
         &self.stats
+    }
+
+    /// One pass of the pending index's sealer over every tenant (what
+    /// [`Store::maintain`] runs); public for the tests that drive it with
+    /// their own clock.
+    pub async fn seal_pending_index(&self, now_ms: i64) -> StoreResult<SealReport> {
+        self.seal_all(now_ms).await
+    }
+
+    /// The sealer's advance for one tenant at `now_ms` exactly (no wall
+    /// clock cap): for tests on a clock of their own, which must not seal
+    /// other tests' tenants.
+    pub async fn seal_tenant_pending_index(
+        &self,
+        tenant: &str,
+        now_ms: i64,
+    ) -> StoreResult<SealReport> {
+        let mut report = SealReport::default();
+        if let Some(cursor) = self.read_cursor(tenant).await? {
+            self.seal_tenant(&cursor, now_ms, &mut report).await?;
+        }
+        Ok(report)
     }
 
     async fn read(&self, id: &RecordKey, serial: bool) -> StoreResult<Option<Record>> {
@@ -399,7 +446,13 @@ impl CqlStore {
             .await
         {
             Ok((true, _)) => {
-                self.index_after_write(Some(expired), Some(record)).await;
+                self.index_after_write(
+                    id,
+                    (expired.state, expired.pending_since_ms()),
+                    Some(record),
+                    now_ms,
+                )
+                .await;
                 Ok(Some(InsertOutcome::Inserted))
             }
             Ok((false, _)) => Ok(None),
@@ -437,14 +490,15 @@ impl Store for CqlStore {
     async fn insert_if_absent(&self, record: &Record, now_ms: i64) -> StoreResult<InsertOutcome> {
         // Index first: a crash after this leaves an extra entry, never a
         // record that ListPending cannot find.
-        self.index_put(record, now_ms).await?;
+        let slot = self.index_put(record, now_ms).await?;
         crash_point("claim-after-index");
         for _ in 0..INSERT_ROUNDS {
             if let Some(outcome) = self.try_insert(record, now_ms).await? {
                 crash_point("claim-after-insert");
-                if let (InsertOutcome::Exists(_), Some(due)) = (&outcome, record.pending_since_ms())
+                if let (InsertOutcome::Exists(_), Some(due), Some(slot)) =
+                    (&outcome, record.pending_since_ms(), slot)
                 {
-                    self.index_delete(&record.id, due).await;
+                    self.index_delete(&record.id, due, &[slot]).await;
                 }
                 return Ok(outcome);
             }
@@ -488,11 +542,13 @@ impl Store for CqlStore {
             },
         };
         if applied {
-            if expected.pending_since_ms != record.pending_since_ms()
-                && let Some(old_due) = expected.pending_since_ms
-            {
-                self.index_delete(id, old_due).await;
-            }
+            self.index_after_write(
+                id,
+                (expected.state, expected.pending_since_ms),
+                Some(record),
+                now_ms,
+            )
+            .await;
             return Ok(CasOutcome::Applied);
         }
         // Not applied: the result may not carry the row (Cassandra returns
@@ -537,9 +593,13 @@ impl Store for CqlStore {
             },
         };
         if applied {
-            if let Some(old_due) = expected.pending_since_ms {
-                self.index_delete(id, old_due).await;
-            }
+            self.index_after_write(
+                id,
+                (expected.state, expected.pending_since_ms),
+                None,
+                now_ms,
+            )
+            .await;
             return Ok(CasOutcome::Applied);
         }
         let current = self.read(id, true).await?;
@@ -549,89 +609,37 @@ impl Store for CqlStore {
     }
 
     async fn list_pending(&self, query: &PendingQuery, now_ms: i64) -> StoreResult<PendingPage> {
-        let today = day_of(now_ms);
-        let oldest = day_of(now_ms) - i32::try_from(self.max_ttl_days).unwrap_or(i32::MAX);
-        let (mut day, mut cursor) = match &query.page_token {
-            Some(token) => decode_token(token).ok_or(StoreError::InvalidPageToken)?,
-            None => (oldest, (i64::MIN, String::new(), String::new())),
-        };
-        if day < oldest {
-            day = oldest;
-            cursor = (i64::MIN, String::new(), String::new());
+        self.scan_pending(query, now_ms).await
+    }
+
+    fn maintenance_interval(&self) -> Option<Duration> {
+        Some(Duration::from_millis(
+            u64::try_from(self.timing.step_ms).unwrap_or(5_000),
+        ))
+    }
+
+    /// Seals the pending index (see [`pending::seal`]).
+    async fn maintain(&self, now_ms: i64) -> StoreResult<()> {
+        let report = self.seal_all(now_ms).await?;
+        if report.advanced > 0 {
+            tracing::debug!(
+                advanced = report.advanced,
+                moved = report.moved,
+                dropped = report.dropped,
+                "pending index sealed"
+            );
         }
-        let mut page = PendingPage::default();
-        let mut scanned = 0usize;
-        let scan_limit = query.page_size.saturating_add(MAX_PENDING_SCAN_EXTRA);
-        let fetch = i32::try_from(query.page_size.clamp(50, 1000)).unwrap_or(1000);
-        while day <= today {
-            let result = self
-                .session
-                .execute_unpaged(
-                    &self.statements.index_scan,
-                    (
-                        &query.tenant,
-                        day,
-                        cursor.0,
-                        &cursor.1,
-                        &cursor.2,
-                        now_ms,
-                        fetch,
-                    ),
-                )
-                .await
-                .map_err(|e| unavailable("pending index read", e))?;
-            let entries = rows::named_rows(result)?;
-            let exhausted = entries.len() < usize::try_from(fetch).unwrap_or(usize::MAX);
-            let mut parsed = Vec::with_capacity(entries.len());
-            for entry in &entries {
-                parsed.push(index_entry(entry)?);
-            }
-            // Verify the entries against the records, concurrently.
-            let checks = parsed.iter().map(|(due, endpoint, key)| {
-                let id = RecordKey {
-                    tenant: query.tenant.clone(),
-                    endpoint: endpoint.clone(),
-                    key: key.clone(),
-                };
-                async move {
-                    let record = self.read(&id, false).await;
-                    (*due, id, record)
-                }
-            });
-            for (due, id, record) in futures::future::join_all(checks).await {
-                cursor = (due, id.endpoint.clone(), id.key.clone());
-                scanned += 1;
-                let record = record?.filter(|r| r.is_live(now_ms));
-                match classify_entry(due, record.as_ref(), now_ms) {
-                    EntryVerdict::Pending => {
-                        let record = record.ok_or_else(|| {
-                            StoreError::Corrupt("pending entry without record".to_string())
-                        })?;
-                        let endpoint_ok = query
-                            .endpoint
-                            .as_ref()
-                            .is_none_or(|e| *e == record.id.endpoint);
-                        let age_ok = query
-                            .created_at_or_before_ms
-                            .is_none_or(|limit| record.created_at_ms <= limit);
-                        if endpoint_ok && age_ok {
-                            page.records.push(record);
-                        }
-                    }
-                    EntryVerdict::Stale => self.index_delete(&id, due).await,
-                    EntryVerdict::Keep => {}
-                }
-                if page.records.len() >= query.page_size || scanned >= scan_limit {
-                    page.next_page_token = Some(encode_token(day, &cursor));
-                    return Ok(page);
-                }
-            }
-            if exhausted {
-                day += 1;
-                cursor = (i64::MIN, String::new(), String::new());
-            }
-        }
-        Ok(page)
+        Ok(())
+    }
+
+    /// The counts the sealer stored with the watermark: one point read,
+    /// whatever the tenant's volume.
+    async fn pending_summary(
+        &self,
+        tenant: &str,
+        _now_ms: i64,
+    ) -> StoreResult<Option<PendingCounts>> {
+        self.stored_summary(tenant).await
     }
 
     async fn sweep_expired(&self, _now_ms: i64, _max_records: usize) -> StoreResult<usize> {

@@ -12,6 +12,19 @@ use crate::store::{StoreError, StoreResult};
 pub(super) const RECORD_COLUMNS: &str = "state, fingerprint, attempt, lease_token, attempt_id, created_at, \
      updated_at, lease_expires_at, completed_at, expires_at, response, reason";
 
+/// The columns of a `pending_cursor` row every read returns.
+const CURSOR_COLUMNS: &str = "tenant, watermark, summary_at, summary_in_progress, \
+     summary_unknown, summary_failed, summary_oldest_due, summary_truncated";
+
+/// Rows per page of the index reads: small enough that a page of live rows
+/// is cheap, large enough that a slice rarely needs two.
+pub(super) const INDEX_PAGE_ROWS: i32 = 500;
+
+fn paged(mut statement: PreparedStatement) -> PreparedStatement {
+    statement.set_page_size(INDEX_PAGE_ROWS);
+    statement
+}
+
 /// The prepared statements of the store.
 pub(super) struct Statements {
     /// The record at the regular consistency.
@@ -26,12 +39,31 @@ pub(super) struct Statements {
     pub(super) replace_expired: PreparedStatement,
     /// Release: `DELETE … IF`.
     pub(super) delete: PreparedStatement,
-    /// Pending-index entry, written before the claim it indexes.
-    pub(super) index_put: PreparedStatement,
-    /// Stale pending-index entry.
-    pub(super) index_delete: PreparedStatement,
-    /// ListPending's read of one day of the index.
-    pub(super) index_scan: PreparedStatement,
+    /// An IN_PROGRESS record's entry in its bucket, written before the
+    /// claim it indexes.
+    pub(super) bucket_put: PreparedStatement,
+    /// A stale bucket entry.
+    pub(super) bucket_delete: PreparedStatement,
+    /// One shard of one bucket, from a cursor up to a due instant (paged).
+    pub(super) bucket_scan: PreparedStatement,
+    /// A sealed bucket's partition, whole.
+    pub(super) bucket_drop: PreparedStatement,
+    /// An entry in a tenant's overdue partition.
+    pub(super) overdue_put: PreparedStatement,
+    /// A stale overdue entry.
+    pub(super) overdue_delete: PreparedStatement,
+    /// One overdue partition from a cursor up to now (paged).
+    pub(super) overdue_scan: PreparedStatement,
+    /// A tenant's cursor row, created once (`IF NOT EXISTS`).
+    pub(super) cursor_create: PreparedStatement,
+    /// A tenant's cursor row.
+    pub(super) cursor_read: PreparedStatement,
+    /// Every tenant's cursor row (the sealer's list of tenants).
+    pub(super) cursor_all: PreparedStatement,
+    /// The sealer's LWT: `watermark` from old to new.
+    pub(super) cursor_advance: PreparedStatement,
+    /// The same, storing a fresh pending summary.
+    pub(super) cursor_advance_with_summary: PreparedStatement,
 }
 
 impl Statements {
@@ -79,20 +111,68 @@ impl Statements {
                  IF state = ? AND lease_token = ? AND expires_at > ?"
             ))
             .await?,
-            index_put: prepare(format!(
-                "INSERT INTO {ks}.pending_index (tenant, day, due_at, endpoint, key) \
+            bucket_put: prepare(format!(
+                "INSERT INTO {ks}.pending_buckets (tenant, bucket, shard, due_at, endpoint, key) \
+                 VALUES (?, ?, ?, ?, ?, ?) USING TTL ?"
+            ))
+            .await?,
+            bucket_delete: prepare(format!(
+                "DELETE FROM {ks}.pending_buckets WHERE tenant = ? AND bucket = ? AND shard = ? \
+                 AND due_at = ? AND endpoint = ? AND key = ?"
+            ))
+            .await?,
+            bucket_scan: paged(
+                prepare(format!(
+                    "SELECT due_at, endpoint, key FROM {ks}.pending_buckets \
+                     WHERE tenant = ? AND bucket = ? AND shard = ? \
+                     AND (due_at, endpoint, key) > (?, ?, ?) AND (due_at) <= (?)"
+                ))
+                .await?,
+            ),
+            bucket_drop: prepare(format!(
+                "DELETE FROM {ks}.pending_buckets WHERE tenant = ? AND bucket = ? AND shard = ?"
+            ))
+            .await?,
+            overdue_put: prepare(format!(
+                "INSERT INTO {ks}.pending_overdue (tenant, shard, due_at, endpoint, key) \
                  VALUES (?, ?, ?, ?, ?) USING TTL ?"
             ))
             .await?,
-            index_delete: prepare(format!(
-                "DELETE FROM {ks}.pending_index \
-                 WHERE tenant = ? AND day = ? AND due_at = ? AND endpoint = ? AND key = ?"
+            overdue_delete: prepare(format!(
+                "DELETE FROM {ks}.pending_overdue WHERE tenant = ? AND shard = ? \
+                 AND due_at = ? AND endpoint = ? AND key = ?"
             ))
             .await?,
-            index_scan: prepare(format!(
-                "SELECT due_at, endpoint, key FROM {ks}.pending_index \
-                 WHERE tenant = ? AND day = ? AND (due_at, endpoint, key) > (?, ?, ?) \
-                 AND (due_at) <= (?) LIMIT ?"
+            overdue_scan: paged(
+                prepare(format!(
+                    "SELECT due_at, endpoint, key FROM {ks}.pending_overdue \
+                     WHERE tenant = ? AND shard = ? \
+                     AND (due_at, endpoint, key) > (?, ?, ?) AND (due_at) <= (?)"
+                ))
+                .await?,
+            ),
+            cursor_create: prepare(format!(
+                "INSERT INTO {ks}.pending_cursor (tenant, watermark, sealed_at) \
+                 VALUES (?, ?, ?) IF NOT EXISTS"
+            ))
+            .await?,
+            cursor_read: prepare(format!(
+                "SELECT {CURSOR_COLUMNS} FROM {ks}.pending_cursor WHERE tenant = ?"
+            ))
+            .await?,
+            cursor_all: paged(
+                prepare(format!("SELECT {CURSOR_COLUMNS} FROM {ks}.pending_cursor")).await?,
+            ),
+            cursor_advance: prepare(format!(
+                "UPDATE {ks}.pending_cursor SET watermark = ?, sealed_at = ?, sealed_by = ? \
+                 WHERE tenant = ? IF watermark = ?"
+            ))
+            .await?,
+            cursor_advance_with_summary: prepare(format!(
+                "UPDATE {ks}.pending_cursor SET watermark = ?, sealed_at = ?, sealed_by = ?, \
+                 summary_at = ?, summary_in_progress = ?, summary_unknown = ?, \
+                 summary_failed = ?, summary_oldest_due = ?, summary_truncated = ? \
+                 WHERE tenant = ? IF watermark = ?"
             ))
             .await?,
         };
@@ -102,6 +182,9 @@ impl Statements {
                 &mut statements.replace,
                 &mut statements.replace_expired,
                 &mut statements.delete,
+                &mut statements.cursor_create,
+                &mut statements.cursor_advance,
+                &mut statements.cursor_advance_with_summary,
             ] {
                 statement.set_request_timeout(Some(timeout));
             }

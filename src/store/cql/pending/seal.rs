@@ -1,0 +1,351 @@
+//! The sealer: keeps each tenant's watermark `grace` behind the clock, so
+//! that readers never walk the tombstones of claims completed before it;
+//! and the pending summary the gauges read.
+//!
+//! Every replica runs it (`Store::maintain`, every step) for every tenant
+//! with a cursor row; they race on the cursor with an LWT
+//! (`IF watermark = old`), so each advance happens once, and a replica that
+//! loses simply finds the watermark moved on its next pass. One advance:
+//!
+//! 1. read the slice `[watermark, now - grace)` of every bucket partition it
+//!    covers (paged; it walks the tombstones of that slice once, on one
+//!    replica) and copy every entry that may still be pending (verified
+//!    against `records`, as readers do) into `pending_overdue`;
+//! 2. every 15 s, count the tenant's pending records (a ListPending walk)
+//!    for the gauges;
+//! 3. advance the watermark (and store the counts) with the LWT;
+//! 4. drop the buckets now wholly below the watermark, one partition delete
+//!    per shard.
+//!
+//! A busy tenant (this replica wrote one of its entries within the idle
+//! step) advances every step (5 s); an idle one every idle step (60 s), so
+//! a thousand idle tenants cost a thousand LWTs a minute, not every 5 s.
+
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+
+use futures::future::join_all;
+use scylla::response::PagingState;
+use scylla::value::CqlValue;
+
+use super::super::{CqlStore, crash_point_in, rows, ttl_seconds, unavailable};
+use super::{BUCKET_MS, EntryVerdict, SHARDS, bucket_of, classify_entry, shard_of};
+use crate::store::{PendingCounts, RecordKey, StoreError, StoreResult, count_pending};
+
+/// How often the sealer recounts a tenant's pending records (the gauges'
+/// source): as often as the gauges refresh.
+const SUMMARY_EVERY_MS: i64 = 15_000;
+
+/// Most pending records one count reads (the gauges saturate beyond it,
+/// and say so with `summary_truncated`).
+pub(in crate::store::cql) const SUMMARY_MAX_RECORDS: usize = 10_000;
+
+/// Most buckets one advance seals: a watermark left far behind (every
+/// replica down for a while) catches up over several passes of bounded
+/// cost instead of one unbounded one.
+const MAX_BUCKETS_PER_ADVANCE: i64 = 90;
+
+/// A tenant's `pending_cursor` row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(in crate::store::cql) struct Cursor {
+    /// Whose.
+    pub tenant: String,
+    /// Buckets below it are sealed; readers start here.
+    pub watermark: i64,
+    /// When the summary was last computed (`None`: never).
+    pub summary_at: Option<i64>,
+    /// The summary, when computed.
+    pub summary: Option<PendingCounts>,
+}
+
+/// What one maintenance pass did, for logs and tests.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SealReport {
+    /// Tenants whose watermark this pass advanced.
+    pub advanced: usize,
+    /// Entries copied into `pending_overdue`.
+    pub moved: usize,
+    /// Bucket partitions dropped.
+    pub dropped: usize,
+}
+
+fn big_int(row: &rows::NamedRow, name: &str) -> Option<i64> {
+    match row.get(name) {
+        Some(Some(CqlValue::BigInt(value))) => Some(*value),
+        _ => None,
+    }
+}
+
+fn cursor_from_row(row: &rows::NamedRow) -> StoreResult<Cursor> {
+    let tenant = match row.get("tenant") {
+        Some(Some(CqlValue::Text(tenant))) => tenant.clone(),
+        _ => return Err(StoreError::Corrupt("pending cursor without tenant".into())),
+    };
+    let watermark = big_int(row, "watermark")
+        .ok_or_else(|| StoreError::Corrupt("pending cursor without watermark".into()))?;
+    let summary_at = big_int(row, "summary_at");
+    let count = |name| {
+        big_int(row, name)
+            .and_then(|v| u64::try_from(v).ok())
+            .unwrap_or(0)
+    };
+    let summary = summary_at.map(|_| PendingCounts {
+        in_progress: count("summary_in_progress"),
+        unknown: count("summary_unknown"),
+        failed: count("summary_failed"),
+        oldest_since_ms: big_int(row, "summary_oldest_due"),
+        truncated: matches!(
+            row.get("summary_truncated"),
+            Some(Some(CqlValue::Boolean(true)))
+        ),
+    });
+    Ok(Cursor {
+        tenant,
+        watermark,
+        summary_at,
+        summary,
+    })
+}
+
+fn signed(count: u64) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
+}
+
+impl CqlStore {
+    /// The tenant's cursor row, `None` before its first index write.
+    pub(in crate::store::cql) async fn read_cursor(
+        &self,
+        tenant: &str,
+    ) -> StoreResult<Option<Cursor>> {
+        let result = self
+            .session
+            .execute_unpaged(&self.statements.cursor_read, (tenant,))
+            .await
+            .map_err(|e| unavailable("pending cursor read", e))?;
+        rows::named_rows(result)?
+            .first()
+            .map(cursor_from_row)
+            .transpose()
+    }
+
+    /// Every tenant's cursor (one row per tenant, paged).
+    async fn all_cursors(&self) -> StoreResult<Vec<Cursor>> {
+        let mut cursors = Vec::new();
+        let mut paging = PagingState::start();
+        loop {
+            let (result, next) = self
+                .session
+                .execute_single_page(&self.statements.cursor_all, (), paging)
+                .await
+                .map_err(|e| unavailable("pending cursor scan", e))?;
+            for row in rows::named_rows(result)? {
+                cursors.push(cursor_from_row(&row)?);
+            }
+            match next.into_paging_control_flow() {
+                ControlFlow::Break(()) => return Ok(cursors),
+                ControlFlow::Continue(state) => paging = state,
+            }
+        }
+    }
+
+    /// One maintenance pass over every tenant (see the module docs). A
+    /// tenant that fails is logged and the pass goes on; the first error is
+    /// returned at the end.
+    ///
+    /// Every tenant's watermark is set from `now_ms`, but never past the
+    /// host's wall clock: an engine clock running ahead (a test's manual
+    /// clock) is a replica skewed ahead, and sealing from it would seal
+    /// buckets other replicas still write.
+    pub(in crate::store::cql) async fn seal_all(&self, now_ms: i64) -> StoreResult<SealReport> {
+        let now_ms = now_ms.min(crate::clock::Clock::now_ms(&crate::clock::SystemClock));
+        let mut report = SealReport::default();
+        let mut first_error = None;
+        for cursor in self.all_cursors().await? {
+            self.tenants.saw_watermark(&cursor.tenant, cursor.watermark);
+            match self.seal_tenant(&cursor, now_ms, &mut report).await {
+                Ok(()) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "sealing a tenant's pending index failed");
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        match first_error {
+            Some(error) => Err(error),
+            None => Ok(report),
+        }
+    }
+
+    /// One tenant's advance (see the module docs), at `now_ms` as given.
+    pub(in crate::store::cql) async fn seal_tenant(
+        &self,
+        cursor: &Cursor,
+        now_ms: i64,
+        report: &mut SealReport,
+    ) -> StoreResult<()> {
+        let timing = self.timing;
+        let busy = now_ms - self.tenants.get(&cursor.tenant).last_put_ms < timing.idle_step_ms;
+        let step = if busy {
+            timing.step_ms
+        } else {
+            timing.idle_step_ms
+        };
+        let old = cursor.watermark;
+        let target = (now_ms - timing.grace_ms).min(old + MAX_BUCKETS_PER_ADVANCE * BUCKET_MS);
+        if target - old < step {
+            return Ok(());
+        }
+        report.moved += self
+            .move_to_overdue(&cursor.tenant, old, target, now_ms)
+            .await?;
+        crash_point_in("seal-after-move", &cursor.tenant);
+        let summary = match cursor.summary_at {
+            Some(at) if now_ms - at < SUMMARY_EVERY_MS => None,
+            _ => Some(count_pending(self, &cursor.tenant, now_ms, SUMMARY_MAX_RECORDS).await?),
+        };
+        let result = match &summary {
+            None => {
+                self.session
+                    .execute_unpaged(
+                        &self.statements.cursor_advance,
+                        (target, now_ms, &self.replica, &cursor.tenant, old),
+                    )
+                    .await
+            }
+            Some(counts) => {
+                self.session
+                    .execute_unpaged(
+                        &self.statements.cursor_advance_with_summary,
+                        (
+                            target,
+                            now_ms,
+                            &self.replica,
+                            now_ms,
+                            signed(counts.in_progress),
+                            signed(counts.unknown),
+                            signed(counts.failed),
+                            counts.oldest_since_ms,
+                            counts.truncated,
+                            &cursor.tenant,
+                            old,
+                        ),
+                    )
+                    .await
+            }
+        }
+        .map_err(|e| unavailable("pending cursor advance", e))?;
+        let applied = rows::named_rows(result)?
+            .first()
+            .map(rows::applied)
+            .transpose()?
+            .unwrap_or(false);
+        if !applied {
+            // Another replica advanced it first; its copy covers ours.
+            return Ok(());
+        }
+        report.advanced += 1;
+        self.tenants.saw_watermark(&cursor.tenant, target);
+        crash_point_in("seal-after-advance", &cursor.tenant);
+        // Buckets wholly below the new watermark, not dropped before (their
+        // end was above the old one).
+        for bucket in bucket_of(old)..bucket_of(target) {
+            let drops = (0..SHARDS).map(|shard| {
+                self.session.execute_unpaged(
+                    &self.statements.bucket_drop,
+                    (&cursor.tenant, bucket, shard),
+                )
+            });
+            for result in join_all(drops).await {
+                // A failed drop leaves a partition below the watermark:
+                // never read again, its entries expire with their TTL.
+                match result {
+                    Ok(_) => report.dropped += 1,
+                    Err(error) => tracing::debug!(%error, "dropping a sealed bucket failed"),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the entries due in `[from, to)` that may still be pending
+    /// into `pending_overdue`; returns how many.
+    async fn move_to_overdue(
+        &self,
+        tenant: &str,
+        from: i64,
+        to: i64,
+        now_ms: i64,
+    ) -> StoreResult<usize> {
+        let mut live = Vec::new();
+        for bucket in bucket_of(from)..=bucket_of(to - 1) {
+            let reads = (0..SHARDS).map(|shard| {
+                self.read_slice(
+                    &self.statements.bucket_scan,
+                    (tenant, bucket, shard, from, "", "", to - 1),
+                    usize::MAX,
+                )
+            });
+            for result in join_all(reads).await {
+                live.extend(result?.0);
+            }
+        }
+        let checks = live.into_iter().map(|(due, endpoint, key)| async move {
+            let id = RecordKey {
+                tenant: tenant.to_string(),
+                endpoint,
+                key,
+            };
+            let record = self.read(&id, false).await;
+            (due, id, record)
+        });
+        let mut copies = HashMap::new();
+        for (due, id, record) in join_all(checks).await {
+            let record = record?.filter(|r| r.is_live(now_ms));
+            match classify_entry(due, record.as_ref(), now_ms) {
+                EntryVerdict::Stale => {}
+                // Pending, or a claim whose insert may still land: keep it
+                // where readers will look.
+                EntryVerdict::Pending | EntryVerdict::Keep => {
+                    // Without a record (an insert still in flight) the
+                    // record's expiry is unknown: the longest a policy
+                    // allows. Readers drop the copy once it proves stale.
+                    let ttl = record.map_or(self.max_ttl_seconds, |r| {
+                        ttl_seconds(r.expires_at_ms, now_ms)
+                    });
+                    copies.insert((due, id.endpoint.clone(), id.key.clone()), (id, ttl));
+                }
+            }
+        }
+        let moved = copies.len();
+        let writes = copies
+            .into_iter()
+            .map(|((due, _, _), (id, ttl))| async move {
+                self.session
+                    .execute_unpaged(
+                        &self.statements.overdue_put,
+                        (
+                            &id.tenant,
+                            shard_of(&id.endpoint, &id.key),
+                            due,
+                            &id.endpoint,
+                            &id.key,
+                            ttl,
+                        ),
+                    )
+                    .await
+            });
+        for result in join_all(writes).await {
+            result.map_err(|e| unavailable("pending overdue write", e))?;
+        }
+        Ok(moved)
+    }
+
+    /// The summary the sealer stored for `tenant`; `None` when none was
+    /// computed yet (the caller counts itself then).
+    pub(in crate::store::cql) async fn stored_summary(
+        &self,
+        tenant: &str,
+    ) -> StoreResult<Option<PendingCounts>> {
+        Ok(self.read_cursor(tenant).await?.and_then(|c| c.summary))
+    }
+}

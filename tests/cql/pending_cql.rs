@@ -1,0 +1,599 @@
+//! The bucketed pending index on the real cluster (migration 3): the
+//! sealer moves what is still pending out of the buckets and drops them,
+//! readers keep finding every pending record whichever write a process dies
+//! after, and entries written by the release before migration 3 are found
+//! after `idemd migrate`.
+
+use std::time::Duration;
+
+use crate::common::process::{kill9, spawn};
+use crate::common::*;
+use idemd::proto::v1 as pb;
+use idemd::store::cql::{BUCKET_MS, CqlStore, SHARDS};
+use idemd::store::{
+    CasOutcome, Expected, InsertOutcome, PendingQuery, Record, RecordKey, RecordState, Store,
+    StoredResponse,
+};
+
+/// A clock of these tests' own, far ahead of the wall clock: the sealers of
+/// the other tests' servers (wall clock) never touch these tenants.
+const FUTURE: i64 = 1_900_000_000_000;
+
+fn unique(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{name}-{nanos:x}")
+}
+
+fn claim_at(tenant: &str, key: &str, now: i64, lease_ms: i64) -> Record {
+    Record {
+        id: RecordKey {
+            tenant: tenant.into(),
+            endpoint: "POST /v1/payments".into(),
+            key: key.into(),
+        },
+        state: RecordState::InProgress,
+        fingerprint: vec![3; 32],
+        attempt: 1,
+        lease_token: format!("tok-{key}"),
+        attempt_id: String::new(),
+        created_at_ms: now,
+        updated_at_ms: now,
+        lease_expires_at_ms: now + lease_ms,
+        completed_at_ms: None,
+        expires_at_ms: now + 86_400_000,
+        response: None,
+        reason: String::new(),
+    }
+}
+
+fn done(record: &Record, now: i64) -> Record {
+    let mut done = record.clone();
+    done.state = RecordState::Completed;
+    done.completed_at_ms = Some(now);
+    done.updated_at_ms = now;
+    done.response = Some(StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: b"{}".to_vec(),
+        body_ref: String::new(),
+    });
+    done
+}
+
+async fn pending_keys(store: &CqlStore, tenant: &str, now: i64) -> Vec<String> {
+    let mut keys = Vec::new();
+    let mut token = None;
+    loop {
+        let page = store
+            .list_pending(
+                &PendingQuery {
+                    tenant: tenant.into(),
+                    endpoint: None,
+                    created_at_or_before_ms: None,
+                    page_size: 2,
+                    page_token: token,
+                },
+                now,
+            )
+            .await
+            .expect("list pending");
+        keys.extend(page.records.into_iter().map(|r| r.id.key));
+        match page.next_page_token {
+            Some(next) => token = Some(next),
+            None => return keys,
+        }
+    }
+}
+
+/// Live rows of one tenant's bucket partitions, counted with CQL.
+async fn bucket_rows(
+    session: &scylla::client::session::Session,
+    tenant: &str,
+    buckets: std::ops::Range<i64>,
+) -> usize {
+    let keyspace = crate::cql_support::TEST_KEYSPACE;
+    let mut total = 0;
+    for bucket in buckets {
+        for shard in 0..SHARDS {
+            let result = session
+                .query_unpaged(
+                    format!(
+                        "SELECT COUNT(*) FROM {keyspace}.pending_buckets \
+                         WHERE tenant = ? AND bucket = ? AND shard = ?"
+                    ),
+                    (tenant, bucket, shard),
+                )
+                .await
+                .expect("count");
+            let (count,): (i64,) = result
+                .into_rows_result()
+                .expect("rows")
+                .single_row()
+                .expect("one row");
+            total += usize::try_from(count).expect("count");
+        }
+    }
+    total
+}
+
+async fn session() -> scylla::client::session::Session {
+    scylla::client::session_builder::SessionBuilder::new()
+        .known_nodes(crate::cql_support::nodes())
+        .build()
+        .await
+        .expect("connect")
+}
+
+/// 200 claims over several buckets, all completed but three left stale and
+/// one UNKNOWN: sealing moves exactly the four to the overdue partitions,
+/// drops every bucket below the watermark (no row left in them), keeps
+/// ListPending's answer unchanged, and stores the gauges' summary. Fails if
+/// the sealer drops a bucket before copying, or copies completed entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sealing_moves_what_is_pending_and_drops_the_buckets() {
+    let options = crate::cql_support::migrated_options().await;
+    let store = CqlStore::open(&options).await.expect("open");
+    let tenant = unique("seal");
+    let stale = ["k007", "k077", "k150"];
+    let mut last = FUTURE;
+    for i in 0..200 {
+        let now = FUTURE + i * 250;
+        let key = format!("k{i:03}");
+        let record = claim_at(&tenant, &key, now, 2_000);
+        assert_eq!(
+            store.insert_if_absent(&record, now).await.expect("claim"),
+            InsertOutcome::Inserted
+        );
+        let finished = if key == "k100" {
+            let mut unknown = record.clone();
+            unknown.state = RecordState::Unknown;
+            unknown.updated_at_ms = now + 10;
+            unknown
+        } else if stale.contains(&key.as_str()) {
+            continue;
+        } else {
+            done(&record, now + 10)
+        };
+        assert_eq!(
+            store
+                .replace_if(&finished, &Expected::matching(&record), now + 10)
+                .await
+                .expect("finish"),
+            CasOutcome::Applied
+        );
+        last = now;
+    }
+    let now = last + 10_000;
+    let mut expected: Vec<String> = stale.iter().map(|k| k.to_string()).collect();
+    expected.push("k100".into());
+    expected.sort();
+    let mut before = pending_keys(&store, &tenant, now).await;
+    before.sort();
+    assert_eq!(before, expected, "ListPending before sealing");
+
+    let seal_at = now + 60_000;
+    let report = store
+        .seal_tenant_pending_index(&tenant, seal_at)
+        .await
+        .expect("seal");
+    assert_eq!(report.advanced, 1, "{report:?}");
+    assert_eq!(
+        report.moved, 3,
+        "the three stale claims (UNKNOWN is overdue already)"
+    );
+    assert!(report.dropped > 0, "{report:?}");
+    let session = session().await;
+    let first_bucket = (FUTURE - 60_000).div_euclid(BUCKET_MS);
+    let sealed_to = (seal_at - 15_000).div_euclid(BUCKET_MS);
+    assert_eq!(
+        bucket_rows(&session, &tenant, first_bucket..sealed_to).await,
+        0,
+        "every sealed bucket is gone"
+    );
+    let mut after = pending_keys(&store, &tenant, seal_at).await;
+    after.sort();
+    assert_eq!(after, expected, "ListPending after sealing");
+    // The summary the gauges read was computed by the sealer.
+    let summary = store
+        .pending_summary(&tenant, seal_at)
+        .await
+        .expect("summary")
+        .expect("stored with the watermark");
+    assert_eq!((summary.in_progress, summary.unknown), (3, 1));
+    assert_eq!(summary.oldest_since_ms, Some(FUTURE + 7 * 250 + 2_000));
+
+    // A stale claim finished late leaves the overdue partition at once.
+    let late = claim_at(&tenant, "k007", FUTURE + 7 * 250, 2_000);
+    assert_eq!(
+        store
+            .replace_if(&done(&late, seal_at), &Expected::matching(&late), seal_at)
+            .await
+            .expect("late complete"),
+        CasOutcome::Applied
+    );
+    let mut rest = pending_keys(&store, &tenant, seal_at).await;
+    rest.sort();
+    assert_eq!(rest, ["k077", "k100", "k150"]);
+}
+
+/// New claims keep being found while the sealer runs between them, and a
+/// claim indexed near the watermark (a writer whose clock lags) lands in the
+/// overdue partition, not in a sealed bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_near_the_watermark_are_never_sealed_away() {
+    let options = crate::cql_support::migrated_options().await;
+    let store = CqlStore::open(&options).await.expect("open");
+    let tenant = unique("near");
+    let first = claim_at(&tenant, "first", FUTURE, 1_000);
+    store.insert_if_absent(&first, FUTURE).await.expect("claim");
+    let seal_at = FUTURE + 120_000;
+    store
+        .seal_tenant_pending_index(&tenant, seal_at)
+        .await
+        .expect("seal");
+    // A replica whose clock is 100 s behind claims with a 1 s lease: its due
+    // instant is below the watermark this store has seen.
+    let lagging = claim_at(&tenant, "lagging", FUTURE + 20_000, 1_000);
+    store
+        .insert_if_absent(&lagging, FUTURE + 20_000)
+        .await
+        .expect("claim");
+    let mut keys = pending_keys(&store, &tenant, seal_at).await;
+    keys.sort();
+    assert_eq!(keys, ["first", "lagging"]);
+}
+
+fn seal_flags(keyspace: &str) -> Vec<String> {
+    vec![
+        "--store".into(),
+        "cql".into(),
+        "--cql-nodes".into(),
+        crate::cql_support::nodes().join(","),
+        "--keyspace".into(),
+        keyspace.into(),
+        "--cql-seal-grace".into(),
+        "1s".into(),
+    ]
+}
+
+/// The sealer's two crash points: idemd killed after copying a stale claim
+/// to the overdue partition but before advancing the watermark, then (a
+/// second process) after advancing but before dropping the bucket. A third
+/// process finds the claim exactly once. Fails if the sealer ever advances
+/// before it copies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_inside_the_sealer_never_hides_a_claim() {
+    // A keyspace of its own: these replicas seal with a 1 s grace, which
+    // must not apply to the other tests' tenants.
+    let mut options = crate::cql_support::options();
+    options.keyspace = "idemd_seal_test".into();
+    idemd::store::cql::migrate::run(
+        &options,
+        "{'class': 'SimpleStrategy', 'replication_factor': 1}",
+        "tests",
+    )
+    .await
+    .expect("migrate the sealer's keyspace");
+    let flags = seal_flags(&options.keyspace);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let tenant = unique("seal-crash");
+    {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let writer = spawn(dir.path(), &flags);
+        let mut client = connect(writer.addr).await;
+        let mut request = claim(PAYMENTS, "stuck", 7);
+        request.lease = Some(dur(Duration::from_millis(1000)));
+        client
+            .claim(as_tenant(&tenant, request))
+            .await
+            .expect("claim");
+        for i in 0..20 {
+            let key = format!("done-{i}");
+            let mut request = claim(PAYMENTS, &key, 7);
+            request.lease = Some(dur(Duration::from_millis(1000)));
+            let lease = claimed(
+                client
+                    .claim(as_tenant(&tenant, request))
+                    .await
+                    .expect("claim")
+                    .get_ref(),
+            );
+            client
+                .complete(as_tenant(
+                    &tenant,
+                    pb::CompleteRequest {
+                        endpoint: PAYMENTS.into(),
+                        key,
+                        lease_token: lease.lease_token,
+                        response: Some(sample_response("ok")),
+                    },
+                ))
+                .await
+                .expect("complete");
+        }
+        kill9(writer);
+    }
+    for point in ["seal-after-move", "seal-after-advance"] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut command = crate::common::process::idemd_command(dir.path(), &flags);
+        command
+            .env("IDEMD_CRASH_AT", point)
+            .env("IDEMD_CRASH_TENANT", &tenant);
+        let mut doomed = crate::common::process::spawn_command(command);
+        // An idle tenant is sealed every 12 steps (4 s with a 1 s grace).
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = doomed.child.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{point}: the sealer never reached the crash point"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(!status.success(), "{point}: idemd exited cleanly");
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let survivor = spawn(dir.path(), &flags);
+    let mut client = connect(survivor.addr).await;
+    let pending = client
+        .list_pending(as_tenant(&tenant, pb::ListPendingRequest::default()))
+        .await
+        .expect("list pending")
+        .into_inner();
+    let keys: Vec<&str> = pending.records.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(keys, ["stuck"], "the stale claim, once");
+    kill9(survivor);
+}
+
+// ---------------------------------------------------------------------------
+// Upgrade from the release before migration 3
+// ---------------------------------------------------------------------------
+
+/// Rows the release before migration 3 (commit 3aab0ed) wrote, dumped with
+/// `SELECT JSON` by `write_pre_bucket_fixture` below.
+const FIXTURE: &str = "tests/fixtures/cql-pending-3aab0ed.json";
+
+/// The fixture's keys and what ListPending must say about them after the
+/// upgrade.
+const FIXTURE_PENDING: [&str; 3] = ["failed", "stuck", "unknown"];
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Fixture {
+    /// When the last row was written (Unix ms): times are shifted from it.
+    written_at_ms: i64,
+    /// `SELECT JSON * FROM records` of the fixture's tenant.
+    records: Vec<String>,
+    /// `SELECT JSON * FROM pending_index` of the fixture's tenant.
+    pending_index: Vec<String>,
+}
+
+async fn json_rows(
+    session: &scylla::client::session::Session,
+    keyspace: &str,
+    table: &str,
+    tenant: &str,
+) -> Vec<String> {
+    let result = session
+        .query_unpaged(
+            format!("SELECT JSON * FROM {keyspace}.{table} WHERE tenant = ? ALLOW FILTERING"),
+            (tenant,),
+        )
+        .await
+        .expect("select json");
+    result
+        .into_rows_result()
+        .expect("rows")
+        .rows::<(String,)>()
+        .expect("typed")
+        .map(|row| row.expect("row").0)
+        .collect()
+}
+
+/// Regenerates [`FIXTURE`] with an idemd binary of the release before
+/// migration 3 (`IDEMD_OLD_BIN`), against the test cluster:
+/// `IDEMD_OLD_BIN=/path/to/idemd cargo test --features cql-tests --test cql
+/// -- --ignored write_pre_bucket_fixture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "writes the fixture with an old binary (IDEMD_OLD_BIN)"]
+async fn write_pre_bucket_fixture() {
+    let old = std::env::var("IDEMD_OLD_BIN").expect("IDEMD_OLD_BIN");
+    let keyspace = format!("idemd_fixture_{}", std::process::id());
+    let nodes = crate::cql_support::nodes().join(",");
+    let migrated = std::process::Command::new(&old)
+        .args(["migrate", "--cql-nodes", &nodes, "--keyspace", &keyspace])
+        .status()
+        .expect("old migrate");
+    assert!(migrated.success());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut command = std::process::Command::new(&old);
+    command
+        .args([
+            "--store",
+            "cql",
+            "--cql-nodes",
+            &nodes,
+            "--keyspace",
+            &keyspace,
+        ])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .env("IDEMD_METRICS_LISTEN", "off")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let server = crate::common::process::spawn_command(command);
+    let mut client = connect(server.addr).await;
+    let tenant = "upgrade";
+    let claimer = client.clone();
+    let lease_of = |key: &'static str, lease: Duration| {
+        let mut client = claimer.clone();
+        async move {
+            let mut request = claim(PAYMENTS, key, 7);
+            request.lease = Some(dur(lease));
+            claimed(
+                client
+                    .claim(as_tenant(tenant, request))
+                    .await
+                    .expect("claim")
+                    .get_ref(),
+            )
+            .lease_token
+        }
+    };
+    let done = lease_of("done", Duration::from_secs(30)).await;
+    client
+        .complete(as_tenant(
+            tenant,
+            pb::CompleteRequest {
+                endpoint: PAYMENTS.into(),
+                key: "done".into(),
+                lease_token: done,
+                response: Some(sample_response("pay_done")),
+            },
+        ))
+        .await
+        .expect("complete");
+    lease_of("stuck", Duration::from_secs(1)).await;
+    lease_of("later", Duration::from_secs(3600)).await;
+    for (key, disposition) in [
+        ("unknown", pb::Disposition::Unknown),
+        ("failed", pb::Disposition::Failed),
+    ] {
+        let token = lease_of(key, Duration::from_secs(30)).await;
+        client
+            .fail(as_tenant(
+                tenant,
+                pb::FailRequest {
+                    endpoint: PAYMENTS.into(),
+                    key: key.into(),
+                    lease_token: token,
+                    disposition: disposition as i32,
+                    reason: "timeout talking to the bank".into(),
+                },
+            ))
+            .await
+            .expect("fail");
+    }
+    let written_at_ms = idemd::clock::Clock::now_ms(&idemd::clock::SystemClock);
+    kill9(server);
+    let session = session().await;
+    let fixture = Fixture {
+        written_at_ms,
+        records: json_rows(&session, &keyspace, "records", tenant).await,
+        pending_index: json_rows(&session, &keyspace, "pending_index", tenant).await,
+    };
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(FIXTURE);
+    std::fs::write(&path, serde_json::to_string_pretty(&fixture).expect("json")).expect("write");
+    idemd::store::cql::migrate::execute_ddl(&session, format!("DROP KEYSPACE {keyspace}"))
+        .await
+        .expect("drop");
+}
+
+/// Shifts every instant column of a `SELECT JSON` row by `delta` ms (and
+/// recomputes the index's day), so rows written on the fixture's day load
+/// as if written just now. Everything else (fingerprints, the response
+/// blob, tokens) loads as the old binary wrote it.
+fn shifted(row: &str, delta: i64) -> (String, Option<i64>) {
+    let mut value: serde_json::Value = serde_json::from_str(row).expect("fixture row");
+    let object = value.as_object_mut().expect("object");
+    for column in [
+        "created_at",
+        "updated_at",
+        "lease_expires_at",
+        "completed_at",
+        "expires_at",
+        "due_at",
+    ] {
+        if let Some(instant) = object.get(column).and_then(serde_json::Value::as_i64) {
+            object.insert(column.into(), (instant + delta).into());
+        }
+    }
+    if let Some(due) = object.get("due_at").and_then(serde_json::Value::as_i64) {
+        object.insert("day".into(), due.div_euclid(86_400_000).into());
+    }
+    let expires = object.get("expires_at").and_then(serde_json::Value::as_i64);
+    (value.to_string(), expires)
+}
+
+/// A keyspace as the release before migration 3 left it (migrations 1 and
+/// 2, rows its binary wrote), upgraded by `idemd migrate`: ListPending finds
+/// every record that needed a decision, in the order of the old index, and
+/// the record that becomes due later is found then. Fails without the copy
+/// of the old index in `idemd migrate`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_pending_before_the_upgrade_are_found_after_it() {
+    let mut options = crate::cql_support::options();
+    options.keyspace = format!("idemd_upgrade_{}", std::process::id());
+    let replication = "{'class': 'SimpleStrategy', 'replication_factor': 1}";
+    let report = idemd::store::cql::migrate::run_to(&options, replication, "tests", 2)
+        .await
+        .expect("migrations 1 and 2");
+    assert_eq!(report.applied, [1, 2]);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(FIXTURE);
+    let fixture: Fixture =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("parse");
+    let now = idemd::clock::Clock::now_ms(&idemd::clock::SystemClock);
+    // The fixture's last write lands 5 s ago: the 1 s lease of "stuck" ran out.
+    let delta = now - 5_000 - fixture.written_at_ms;
+    let session = session().await;
+    let keyspace = &options.keyspace;
+    for (table, rows, lwt) in [
+        ("records", &fixture.records, " IF NOT EXISTS"),
+        ("pending_index", &fixture.pending_index, ""),
+    ] {
+        for row in rows {
+            let (row, expires) = shifted(row, delta);
+            let ttl =
+                i32::try_from((expires.unwrap_or(now + 86_400_000) - now) / 1000).expect("ttl");
+            session
+                .query_unpaged(
+                    format!("INSERT INTO {keyspace}.{table} JSON ?{lwt} USING TTL ?"),
+                    (row, ttl),
+                )
+                .await
+                .expect("load fixture row");
+        }
+    }
+    assert_eq!(
+        fixture.records.len(),
+        5,
+        "done, stuck, later, unknown, failed"
+    );
+    let report = idemd::store::cql::migrate::run(&options, replication, "tests")
+        .await
+        .expect("upgrade");
+    assert_eq!(report.applied, [3]);
+    let copied = report.legacy_pending.expect("the old index was read");
+    assert_eq!(
+        copied.copied, 4,
+        "stuck, later, unknown, failed: {copied:?}"
+    );
+
+    let store = CqlStore::open(&options).await.expect("open");
+    let mut keys = pending_keys(&store, "upgrade", now).await;
+    keys.sort();
+    assert_eq!(keys, FIXTURE_PENDING);
+    let later = pending_keys(&store, "upgrade", now + 3_600_000).await;
+    assert!(later.contains(&"later".to_string()), "{later:?}");
+    // A second migrate (after the rollout) copies again without duplicates.
+    idemd::store::cql::migrate::run(&options, replication, "tests")
+        .await
+        .expect("migrate again");
+    let mut again = pending_keys(&store, "upgrade", now).await;
+    again.sort();
+    assert_eq!(again, FIXTURE_PENDING);
+    idemd::store::cql::migrate::execute_ddl(&session, format!("DROP KEYSPACE {keyspace}"))
+        .await
+        .expect("drop");
+}
