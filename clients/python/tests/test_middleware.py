@@ -1,5 +1,5 @@
-"""The ASGI (FastAPI/Starlette under uvicorn) and WSGI (Flask under
-Werkzeug's server) middleware, each inside a real app of its framework over
+"""The ASGI (FastAPI/Starlette under uvicorn) and WSGI (Flask, and Django
+through its WSGI application, under Werkzeug's server) middleware, each inside a real app of its framework over
 real HTTP against the live idemd: the shared HTTP scenarios
 (clients/conformance/http-scenarios.json, which ``idemd proxy``'s suite runs
 too), and what the middleware does with the body and the execution."""
@@ -89,6 +89,55 @@ def flask_app(state: AppState, client: idemd.Client = None):  # type: ignore[ass
     return app
 
 
+def django_app(state: AppState, client: idemd.Client = None):  # type: ignore[assignment]
+    """The scenarios' app in Django (its WSGI application); with the middleware
+    when ``client`` is given."""
+    import sys
+    import types
+
+    import django
+    from django.conf import settings
+    from django.urls import re_path
+
+    if not settings.configured:
+        settings.configure(DEBUG=False, SECRET_KEY="idemd-tests", ALLOWED_HOSTS=["*"], ROOT_URLCONF="idemd_test_urls",
+                           MIDDLEWARE=[], INSTALLED_APPS=[], LOGGING_CONFIG=None)
+        django.setup()
+    from django.core.wsgi import get_wsgi_application
+    from django.http import HttpResponse
+
+    def view(request: Any) -> HttpResponse:
+        body = request.body
+        path = request.path
+        execution = state.count(path)
+        if "/slow/" in path:
+            time.sleep(SLOW)
+        if path.startswith("/crash/"):
+            raise RuntimeError("the charge timed out: outcome unknown")
+        if path.startswith("/norun/"):
+            raise idemd.NoSideEffect("card rejected before charging")
+        status, headers, payload = answer_of(path, execution, body)
+        response = HttpResponse(payload, status=status)
+        for name, value in headers:
+            response.headers[name] = value
+        response.headers["x-body-sha256"] = hashlib.sha256(body).hexdigest()
+        if "idemd.execution" in request.META:
+            response.headers["x-downstream-key"] = request.META["idemd.execution"].downstream_key("charge")
+        return response
+
+    # One URLconf per process (Django's settings are global); the view of the
+    # latest app serves it.
+    urls = sys.modules.setdefault("idemd_test_urls", types.ModuleType("idemd_test_urls"))
+    urls.urlpatterns = [re_path(r"^.*$", view)]  # type: ignore[attr-defined]
+    from django.urls import clear_url_caches
+
+    clear_url_caches()
+    application = get_wsgi_application()
+    if client is not None:
+        return idemd_wsgi.django(application, client, routes=ROUTES)
+    return application
+
+
 @contextlib.contextmanager
 def serve_asgi(app: Any) -> Iterator[int]:
     import uvicorn
@@ -126,7 +175,7 @@ def alice_async(server: Server) -> Callable[[], AsyncClient]:
     return lambda: AsyncClient(server.address, token=CREDENTIALS["alice"], insecure=True)
 
 
-@pytest.fixture(params=["fastapi", "flask"])
+@pytest.fixture(params=["fastapi", "flask", "django"])
 def front_end(request: pytest.FixtureRequest, server: Server) -> Iterator[Tuple[int, AppState]]:
     """A framework's app with the middleware, served over HTTP."""
     state = AppState()
@@ -134,7 +183,8 @@ def front_end(request: pytest.FixtureRequest, server: Server) -> Iterator[Tuple[
         with serve_asgi(fastapi_app(state, alice_async(server))) as port:
             yield port, state
     else:
-        with server.client("alice") as client, serve_wsgi(flask_app(state, client)) as port:
+        make = flask_app if request.param == "flask" else django_app
+        with server.client("alice") as client, serve_wsgi(make(state, client)) as port:
             yield port, state
 
 

@@ -8,10 +8,10 @@ app): ``idemd proxy``'s ``Idempotency-Key`` contract in process, on an
                                          routes=[{"path": "/v1/payments/{id}"}])
 
 Flask and Django turn a view's exception into their own 500 page before a
-WSGI middleware sees it; :func:`flask` (or, for Django, :func:`mark_exception`
-connected to ``got_request_exception``) records the exception in the WSGI
-environ so the key is left UNKNOWN (or released, for
-:class:`idemd.NoSideEffect`) rather than treated as a plain 5xx answer.
+WSGI middleware sees it; :func:`flask` and :func:`django` hook their
+``got_request_exception`` signal to record the exception in the WSGI environ,
+so the key is left UNKNOWN (or released, for :class:`idemd.NoSideEffect`)
+rather than treated as a plain 5xx answer.
 
 The app can read its :class:`idemd.Execution` (for downstream keys) from
 ``environ["idemd.execution"]``.
@@ -29,7 +29,7 @@ from .client import Client
 from .errors import IdempotencyError, NoSideEffect, RpcError
 from .types import Execution, Request
 
-__all__ = ["IdempotencyMiddleware", "Route", "Routes", "flask", "mark_exception"]
+__all__ = ["IdempotencyMiddleware", "Route", "Routes", "django", "flask", "mark_exception"]
 
 #: Where a framework's exception hook leaves the view's exception.
 EXCEPTION_KEY = "idemd.exception"
@@ -194,3 +194,24 @@ def flask(app: Any, client: Client, **options: Any) -> IdempotencyMiddleware:
     middleware = IdempotencyMiddleware(app.wsgi_app, client, **options)
     app.wsgi_app = middleware
     return middleware
+
+
+def django(application: WSGIApp, client: Client, **options: Any) -> IdempotencyMiddleware:
+    """Wraps a Django WSGI application (``get_wsgi_application()``) and hooks
+    Django's ``got_request_exception`` (``request.META`` is the WSGI environ),
+    so a view's exception leaves the key UNKNOWN (or released for
+    :class:`idemd.NoSideEffect`) while Django still answers its error page::
+
+        application = idemd.wsgi.django(get_wsgi_application(), client, routes=[...])
+    """
+    import sys
+
+    from django.core.signals import got_request_exception
+
+    def on_exception(sender: Any, request: Any = None, **_: Any) -> None:
+        raised = sys.exc_info()[1]
+        if request is not None and raised is not None:
+            mark_exception(request.META, raised)
+
+    got_request_exception.connect(on_exception, weak=False, dispatch_uid="idemd.wsgi.django")
+    return IdempotencyMiddleware(application, client, **options)
