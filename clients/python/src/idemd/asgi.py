@@ -82,6 +82,8 @@ class IdempotencyMiddleware:
         except ValueError as e:
             return await _send(send, _http.malformed_key(str(e)))
         body = await _read_body(receive, settings.max_request_bytes)
+        if body is _GONE:
+            return  # the client left before its body arrived: nothing was claimed, nobody to answer
         if body is None:
             return await _send(send, _http.too_large(settings.max_request_bytes))
 
@@ -150,14 +152,19 @@ def _header(scope: Scope, name: bytes) -> Optional[str]:
     return None
 
 
+#: What _read_body returns when the client disconnects mid-body.
+_GONE = b"\x00idemd-gone"
+
+
 async def _read_body(receive: Receive, limit: int) -> Optional[bytes]:
-    """The whole body, or None when it is over ``limit`` bytes."""
+    """The whole body, None when it is over ``limit`` bytes, or _GONE when the
+    client disconnected first (a partial body must never be claimed)."""
     chunks: List[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            break
+            return _GONE
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
