@@ -28,9 +28,27 @@ fn load() -> Value {
 }
 
 /// The file's `routes` as the proxy's routes TOML: the JSON is that file's
-/// structure, so nothing is translated by hand.
+/// structure, so nothing is translated by hand; settings only a middleware
+/// has (`middleware_only_fields`, e.g. `fingerprint`) are left out.
 fn routes(doc: &Value) -> Routes {
-    let text = toml::to_string(&doc["routes"]).expect("routes as TOML");
+    let mut routes = doc["routes"].clone();
+    let dropped: Vec<String> = doc["middleware_only_fields"]
+        .as_array()
+        .map(|names| {
+            names
+                .iter()
+                .filter_map(|n| n.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(tables) = routes["routes"].as_array_mut() {
+        for table in tables.iter_mut().filter_map(Value::as_object_mut) {
+            for name in &dropped {
+                table.remove(name);
+            }
+        }
+    }
+    let text = toml::to_string(&routes).expect("routes as TOML");
     Routes::parse(&text).unwrap_or_else(|e| panic!("routes of {FILE}: {e}\n{text}"))
 }
 
