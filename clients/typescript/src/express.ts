@@ -131,9 +131,11 @@ function headerList(res: ServerResponse): HeaderList {
   return list;
 }
 
-/** Sends an answer on `res`, replacing whatever headers it has. */
+/**
+ * Sends an answer on `res`. Headers that middleware before this one set (CORS, security headers)
+ * stay, unless the answer has a header of the same name, which replaces them.
+ */
 export function send(res: ServerResponse, answer: Answer): void {
-  for (const name of res.getHeaderNames()) res.removeHeader(name);
   const grouped = new Map<string, string[]>();
   for (const [name, value] of answer.headers) {
     const lower = name.toLowerCase();

@@ -512,15 +512,23 @@ public final class IdempotencyFilter implements Filter {
     return out.append('"').toString();
   }
 
+  /**
+   * Sends an answer. Headers that filters before this one set (CORS, security headers) stay, unless
+   * the answer has a header of the same name, which replaces them.
+   */
   private static void send(HttpServletResponse response, Answer answer) throws IOException {
-    response.reset();
     response.setStatus(answer.status());
+    java.util.Set<String> seen = new java.util.HashSet<>();
     for (HttpHeader h : answer.headers()) {
       String lower = h.name().toLowerCase(Locale.ROOT);
       if (lower.equals("content-length") || lower.equals("transfer-encoding") || lower.equals("connection")) {
         continue;
       }
-      response.addHeader(h.name(), h.value());
+      if (seen.add(lower)) {
+        response.setHeader(h.name(), h.value());
+      } else {
+        response.addHeader(h.name(), h.value());
+      }
     }
     response.setContentLength(answer.body().length);
     response.getOutputStream().write(answer.body());
