@@ -3,6 +3,7 @@ module github.com/idemd/idemd/clients/go
 go 1.26.0
 
 require (
+	github.com/go-chi/chi/v5 v5.2.5
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1
 	google.golang.org/grpc v1.85.0
 	google.golang.org/protobuf v1.36.12

@@ -4,7 +4,8 @@
 # and runs every test (fingerprint and downstream-key vectors, the shared
 # conformance scenarios against a live idemd, the TLS options against an idemd
 # serving mTLS, the README program, a consumer module outside the repository,
-# the HTTP example), then the replay latency check on its own. Runnable from
+# the middleware in ServeMux and chi against the shared HTTP scenarios, the
+# HTTP example), then the replay latency check on its own. Runnable from
 # any directory; idempotent.
 #
 #   IDEMD_BIN=/path/to/idemd IDEMD_TEST_CERTS=/path/to/test-certs clients/go/test.sh
@@ -89,8 +90,8 @@ echo "== go vet"
 go vet ./...
 echo "== go test (idemd: $IDEMD_BIN, certificates: ${IDEMD_TEST_CERTS:-unset})"
 # -count=1: results depend on the idemd binary, so never reuse cached ones.
-go test -count=1 ${GO_TEST_FLAGS:-} -skip '^TestReplayLatency$' ./...
+go test -count=1 ${GO_TEST_FLAGS:-} -skip '^(TestReplayLatency|TestMiddlewareLatency)$' ./...
 # Alone, so that the parallel tests above do not skew the timings; -v shows
 # the p50/p99 line.
 echo "== replay latency (idemd: $IDEMD_BIN)"
-go test -count=1 ${GO_TEST_FLAGS:-} -run '^TestReplayLatency$' -v .
+go test -count=1 ${GO_TEST_FLAGS:-} -run '^(TestReplayLatency|TestMiddlewareLatency)$' -v .

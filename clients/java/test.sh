@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Java SDK (stubs generated from proto/ at build time) and runs all of its tests:
-# fingerprint and downstream-key vectors, the conformance scenarios, the README example and the
-# HTTP example, against a live idemd started from $IDEMD_BIN (default: <repo>/target/debug/idemd),
+# fingerprint and downstream-key vectors, the conformance scenarios and the README example,
+# against a live idemd started from $IDEMD_BIN (default: <repo>/target/debug/idemd),
 # the mTLS test (MutualTlsTest) against a TLS idemd using the certificates in $IDEMD_TEST_CERTS
 # (written by `make test-certs`; without it that test fails), and the consumer project
 # (ConsumerProjectTest: README "Install" run as written on a copy of the files git ships for
@@ -15,6 +15,10 @@
 # `latency: 100 replays of a 1 KiB body: p50 X ms, p99 Y ms` and fails when the p50 is over 10 ms
 # (clients/conformance/README.md, "Replay latency check"). A failure in the first execution stops
 # the build before the second.
+#
+# Then the servlet filter (servlet/) against the shared HTTP scenarios inside Jetty, and the Spring
+# Boot payments example (spring-example/) that registers it: these build against the core, which
+# is installed into the local Maven repository (~/.m2) for them, then the filter is too.
 #
 #   IDEMD_BIN=/path/to/idemd IDEMD_TEST_CERTS=/path/to/test-certs clients/java/test.sh
 #
@@ -82,3 +86,17 @@ mvn -B -ntp -Dstyle.color=never \
   -Dorg.slf4j.simpleLogger.defaultLogLevel=warn \
   -Dorg.slf4j.simpleLogger.log.org.apache.maven.plugin.surefire=info \
   test 2>&1 | sed -u 's/\x1b\[[0-9;]*m//g'
+
+# The servlet filter (a module of its own: the core keeps no servlet dependency) and the Spring
+# Boot payments example that registers it, each built against the core above: install the core
+# (tests already ran), then build, test and install the filter (the shared HTTP scenarios inside
+# Jetty), then test the example.
+mvn_quiet() {
+  mvn -B -ntp -Dstyle.color=never \
+    -Dorg.slf4j.simpleLogger.defaultLogLevel=warn \
+    -Dorg.slf4j.simpleLogger.log.org.apache.maven.plugin.surefire=info \
+    "$@" 2>&1 | sed -u 's/\x1b\[[0-9;]*m//g'
+}
+mvn_quiet -q -DskipTests install
+mvn_quiet -f servlet/pom.xml install
+mvn_quiet -f spring-example/pom.xml test

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Python SDK: installs what it needs into .venv (pinned in requirements-dev.txt),
 # generates the gRPC stubs from proto/idemd/v1/idempotency.proto, and runs every
-# test (vectors, conformance scenarios, README, HTTP example, executor, TLS/mTLS,
+# test (vectors, conformance scenarios, README, the ASGI/WSGI middleware in FastAPI and Flask
+# against the shared HTTP scenarios, @idempotent, HTTP example, executor, TLS/mTLS,
 # packaging, the README's install into a fresh venv, replay latency) against a real idemd started from $IDEMD_BIN (default:
 # <repo>/target/debug/idemd). The TLS test takes its certificates from
 # $IDEMD_TEST_CERTS (written by `make test-certs`) and fails when it is unset.

@@ -152,6 +152,21 @@ fn timestamp(ms: i64) -> prost_types::Timestamp {
     }
 }
 
+/// The longest `FailRequest.reason` the API accepts: front doors that write
+/// reasons of their own (the proxy's upstream errors) cut theirs to it.
+pub const MAX_REASON_BYTES: usize = validate::MAX_REASON_BYTES;
+
+/// Checks an idempotency key by the API's rule, for front doors that read
+/// keys from somewhere other than a request message (the proxy's
+/// `Idempotency-Key` header); the error describes what is wrong, without
+/// the field name, which the caller knows better.
+pub fn check_key(key: &str) -> Result<(), String> {
+    validate::key(key).map_err(|error| match error {
+        EngineError::InvalidArgument { description, .. } => description,
+        other => other.to_string(),
+    })
+}
+
 /// A protobuf duration (saturating).
 pub fn duration(value: std::time::Duration) -> prost_types::Duration {
     prost_types::Duration {

@@ -53,6 +53,20 @@ pub async fn send(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> Answer {
+    try_send(addr, method, path, headers, body)
+        .await
+        .unwrap_or_else(|e| panic!("HTTP request: {e}"))
+}
+
+/// Sends one request and reads the whole answer, or says why there was
+/// none (the connection closed before a complete answer).
+pub async fn try_send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<Answer, String> {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let mut request = http::Request::builder()
         .method(method)
@@ -63,10 +77,10 @@ pub async fn send(
     let request = request
         .body(Full::new(Bytes::copy_from_slice(body)))
         .expect("request");
-    let response = client.request(request).await.expect("HTTP request");
+    let response = client.request(request).await.map_err(|e| e.to_string())?;
     let (parts, body) = response.into_parts();
-    let body = body.collect().await.expect("HTTP body").to_bytes();
-    Answer {
+    let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+    Ok(Answer {
         status: parts.status.as_u16(),
         headers: parts
             .headers
@@ -79,7 +93,7 @@ pub async fn send(
             })
             .collect(),
         body,
-    }
+    })
 }
 
 /// What the upstream saw and did.
@@ -91,7 +105,9 @@ pub struct Seen {
     pub last_headers: HashMap<String, HashMap<String, String>>,
 }
 
-/// An upstream HTTP service that counts executions per path. Paths:
+/// An upstream HTTP service that counts executions per path: the app of
+/// `clients/conformance/http-scenarios.md`, which every SDK middleware's
+/// test app copies. Paths:
 /// * `.../slow/...`: answers after [`Upstream::SLOW`];
 /// * `.../fail/...`: answers 500;
 /// * `/crash/...`: sends the head and part of the body, then closes;

@@ -18,6 +18,9 @@ use crate::common::http::{Upstream, send};
 
 use crate::common::Starter;
 
+mod http_scenarios;
+pub use http_scenarios::http_scenarios_hold_for_the_proxy;
+
 /// Instantiates every test of the suite for one backend.
 #[macro_export]
 macro_rules! proxy_suite {
@@ -34,6 +37,7 @@ macro_rules! proxy_suite {
             oversized_bodies_are_refused_before_any_claim,
             oversized_answers_are_returned_and_the_key_is_unknown,
             a_client_that_disconnects_still_gets_its_answer_recorded,
+            http_scenarios_hold_for_the_proxy,
         );
     };
     (@tests $start:path; $($name:ident,)*) => {

@@ -4,10 +4,14 @@ section says, and a fresh project can use it against the live idemd
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
+import secrets
+import socket
 import subprocess
 import sys
+import time
 import venv
 from pathlib import Path
 
@@ -85,3 +89,42 @@ def test_fresh_project_installs_the_wheel_and_runs(server: Server, tmp_path: Pat
     assert done.returncode == 0, done.stdout + done.stderr
     # The SDK came from the installed wheel, not from this repository.
     assert done.stdout.strip().startswith(str(consumer / ".venv")), done.stdout
+
+    # The README's FastAPI block, as written, in the same fresh project: the
+    # framework installed next to the SDK as the README says (at the versions
+    # this suite pins), served by uvicorn, one payment posted twice.
+    pins = {
+        line.split("==")[0].lower(): line.strip()
+        for line in (SDK_ROOT / "requirements-dev.txt").read_text(encoding="utf-8").splitlines()
+        if "==" in line and not line.startswith("#")
+    }
+    run(f"pip install -q {pins['fastapi']} {pins['uvicorn']}", consumer, consumer_bin)
+    readme = (SDK_ROOT / "README.md").read_text(encoding="utf-8")
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "IdempotencyMiddleware, routes=" in b)
+    (consumer / "main.py").write_text(block, encoding="utf-8")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    served = subprocess.Popen(
+        [str(consumer_bin / "python"), "-m", "uvicorn", "main:app", "--port", str(port), "--log-level", "warning"],
+        cwd=consumer, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        key = secrets.token_hex(8)
+        answers = []
+        deadline = time.monotonic() + 30
+        while len(answers) < 2:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                conn.request("POST", "/v1/payments/p1", body=b"{}", headers={"Idempotency-Key": key})
+                response = conn.getresponse()
+                answers.append((response.status, response.getheader("Idempotent-Replayed"), response.read()))
+                conn.close()
+            except ConnectionRefusedError:
+                assert served.poll() is None and time.monotonic() < deadline, "uvicorn did not start"
+                time.sleep(0.1)
+        assert answers[0][:2] == (201, None), answers
+        assert answers[1] == (201, "true", answers[0][2]), answers
+    finally:
+        served.terminate()
+        served.wait(10)

@@ -1,39 +1,41 @@
-"""Drives examples/payments_server.py over real HTTP against the live idemd."""
+"""Drives examples/payments_server.py (FastAPI + the ASGI middleware) over real
+HTTP against the live idemd."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import secrets
-import threading
 from typing import Dict, Iterator, Optional, Tuple
 
 import pytest
 
 from idemd import pb
-from payments_server import PaymentProvider, PaymentsServer
+from idemd.aio import AsyncClient
+from payments_server import PaymentProvider, create_app
 
-from conftest import Server
+from conftest import CREDENTIALS, Server
+from test_middleware import serve_asgi
 
 PAYMENT = b'{"amount":4200,"currency":"usd","customer":"cus_8812"}'
 
 
+class Api:
+    def __init__(self, port: int, provider: PaymentProvider) -> None:
+        self.port = port
+        self.provider = provider
+
+
 @pytest.fixture
-def api(server: Server) -> Iterator[PaymentsServer]:
-    with server.client("alice") as client:
-        httpd = PaymentsServer(("127.0.0.1", 0), client, PaymentProvider(), max_wait=0.5)
-        thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        thread.start()
-        try:
-            yield httpd
-        finally:
-            httpd.shutdown()
-            httpd.server_close()
-            thread.join()
+def api(server: Server) -> Iterator[Api]:
+    provider = PaymentProvider()
+    client = lambda: AsyncClient(server.address, token=CREDENTIALS["alice"], insecure=True)  # noqa: E731
+    with serve_asgi(create_app(client, provider, max_wait="500ms")) as port:
+        yield Api(port, provider)
 
 
-def post(api: PaymentsServer, body: bytes, headers: Dict[str, str]) -> Tuple[int, http.client.HTTPMessage, bytes]:
-    conn = http.client.HTTPConnection(*api.server_address[:2], timeout=15)
+def post(api: Api, body: bytes, headers: Dict[str, str]) -> Tuple[int, http.client.HTTPMessage, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", api.port, timeout=15)
     try:
         conn.request("POST", "/v1/payments", body=body, headers={"Content-Type": "application/json", **headers})
         response = conn.getresponse()
@@ -43,20 +45,21 @@ def post(api: PaymentsServer, body: bytes, headers: Dict[str, str]) -> Tuple[int
 
 
 def error_of(body: bytes) -> Optional[str]:
-    return json.loads(body).get("error")
+    """The problem's name (the last segment of its ``type``)."""
+    return json.loads(body).get("type", "").rsplit("/", 1)[-1]
 
 
-def test_missing_and_malformed_keys_are_400(api: PaymentsServer) -> None:
+def test_missing_and_malformed_keys_are_400(api: Api) -> None:
     status, _, body = post(api, PAYMENT, {})
     assert (status, error_of(body)) == (400, "idempotency_key_missing")
     status, _, body = post(api, PAYMENT, {"Idempotency-Key": "not a valid key!"})
-    assert (status, error_of(body)) == (400, "idempotency_key_invalid")
+    assert (status, error_of(body)) == (400, "idempotency_key_malformed")
     status, _, body = post(api, PAYMENT, {"Idempotency-Key": "x" * 256})
-    assert (status, error_of(body)) == (400, "idempotency_key_invalid")
+    assert (status, error_of(body)) == (400, "idempotency_key_malformed")
     assert api.provider.charges == {}
 
 
-def test_payment_retry_and_key_reuse(api: PaymentsServer) -> None:
+def test_payment_retry_and_key_reuse(api: Api) -> None:
     key = secrets.token_hex(16)
     status, headers, first = post(api, PAYMENT, {"Idempotency-Key": key})
     assert status == 201, first
@@ -79,7 +82,7 @@ def test_payment_retry_and_key_reuse(api: PaymentsServer) -> None:
     assert len(api.provider.charges) == 1, "the card was charged exactly once"
 
 
-def test_in_flight_duplicate_is_409_with_retry_after(api: PaymentsServer, server: Server) -> None:
+def test_in_flight_duplicate_is_409_with_retry_after(api: Api, server: Server) -> None:
     key = secrets.token_hex(16)
     with server.client("alice") as holder:
         held = holder.claim(

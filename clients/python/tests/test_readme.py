@@ -26,3 +26,42 @@ def test_every_python_block_compiles() -> None:
     assert len(BLOCKS) >= 3
     for index, block in enumerate(BLOCKS):
         compile(block, f"README.md python block {index}", "exec")
+
+
+def _middleware_block(marker: str) -> str:
+    found = [block for block in BLOCKS if marker in block]
+    assert len(found) == 1, marker
+    return found[0]
+
+
+def _pays_once(port: int) -> None:
+    import http.client
+    import secrets
+
+    key = secrets.token_hex(8)
+    answers = []
+    for _ in range(2):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
+        conn.request("POST", "/v1/payments/p1", body=b"{}",
+                     headers={"Idempotency-Key": key, "Content-Type": "application/json"})
+        response = conn.getresponse()
+        answers.append((response.status, response.getheader("Idempotent-Replayed"), response.read()))
+        conn.close()
+    assert answers[0][:2] == (201, None), answers
+    assert answers[1] == (201, "true", answers[0][2]), answers
+
+
+def test_middleware_blocks_serve_as_written(server: Server, monkeypatch) -> None:
+    """The README's FastAPI and Flask blocks, run as written, make a POST idempotent."""
+    from test_middleware import serve_asgi, serve_wsgi
+
+    monkeypatch.setenv("IDEMD_ADDR", server.address)
+    monkeypatch.setenv("IDEMD_TOKEN", CREDENTIALS["alice"])
+    fastapi_ns: dict = {}
+    exec(compile(_middleware_block("IdempotencyMiddleware, routes="), "README fastapi", "exec"), fastapi_ns)
+    with serve_asgi(fastapi_ns["app"]) as port:
+        _pays_once(port)
+    flask_ns: dict = {"__name__": "readme_flask"}
+    exec(compile(_middleware_block("idempotent_flask(app"), "README flask", "exec"), flask_ns)
+    with serve_wsgi(flask_ns["app"]) as port:
+        _pays_once(port)

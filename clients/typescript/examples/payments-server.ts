@@ -1,29 +1,18 @@
 /**
- * Example HTTP front end (node:http) for `POST /v1/payments`, per docs/sdk.md "HTTP example":
+ * Example payments API: Express and one middleware (`idempotency`), per docs/sdk.md.
  *
- * - `Idempotency-Key` missing → 400 `idempotency_key_missing`; malformed → 400 `idempotency_key_invalid`
- * - the charge runs through `executeOnce`, at most once per key
- * - a replay answers the stored response with `Idempotent-Replayed: true`
- * - in progress → 409 `request_in_progress` + `Retry-After`; pending → 409 `outcome_pending`;
- *   key reused with another body → 422 `idempotency_key_reuse`
+ * The middleware answers what `idemd proxy` answers (docs/proxy.md): 400 for a missing or
+ * malformed key, the stored response with `Idempotent-Replayed: true` on a retry, 409
+ * `request_in_progress` with `Retry-After`, 409 `outcome_pending`, 422 `idempotency_key_reuse`.
+ * The handler only validates and charges; an invalid payment throws a NoSideEffectError, so
+ * the key is released and a corrected retry with the same key runs.
  *
  * Run: IDEMD_ADDRESS=127.0.0.1:50051 IDEMD_TOKEN=... PORT=8080 node dist/examples/payments-server.js
  */
 import { randomUUID } from "node:crypto";
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
-import {
-  IdemdClient,
-  IdempotencyError,
-  InProgressError,
-  NoSideEffectError,
-  RpcError,
-  GrpcStatus,
-  type HandlerResponse,
-} from "../src";
-
-const ENDPOINT = "POST /v1/payments";
-const KEY_PATTERN = /^[A-Za-z0-9_-]{1,255}$/;
-const MAX_BODY_BYTES = 1024 * 1024;
+import { createServer, type Server } from "node:http";
+import express, { type NextFunction, type Request, type Response } from "express";
+import { IdemdClient, idempotency, idempotencyErrors, NoSideEffectError, type HandlerContext } from "../src";
 
 /** The payment provider the handler calls (a real one takes its own idempotency key). */
 export interface PaymentProvider {
@@ -58,65 +47,21 @@ export function createPaymentsServer(
   provider: PaymentProvider,
   options: PaymentsServerOptions = {},
 ): Server {
-  return createServer((req, res) => {
-    handle(idemd, provider, options, req, res).catch(() => {
-      // Never log the key or the body; the status says enough.
-      if (!res.headersSent) sendJson(res, 500, { error: "internal_error" });
-      else res.destroy();
-    });
+  const app = express();
+  app.use(idempotency(idemd, { routes: [{ path: "/v1/payments", maxWait: options.maxWaitMs ?? 5000 }] }));
+  app.post("/v1/payments", async (req: Request & { rawBody?: Buffer; idemd?: HandlerContext }, res: Response) => {
+    const payment = parsePayment(req.rawBody ?? Buffer.alloc(0));
+    // The provider's key is derived from ours: the same on every retry.
+    const charge = await provider.charge(payment, req.idemd!.downstreamKey("charge"));
+    res.status(201).json({ id: charge.id, status: "succeeded", amount: payment.amount, currency: payment.currency });
   });
-}
-
-async function handle(
-  idemd: IdemdClient,
-  provider: PaymentProvider,
-  options: PaymentsServerOptions,
-  req: IncomingMessage,
-  res: ServerResponse,
-): Promise<void> {
-  const path = (req.url ?? "/").split("?", 1)[0];
-  if (path !== "/v1/payments") return sendJson(res, 404, { error: "not_found" });
-  if (req.method !== "POST") return sendJson(res, 405, { error: "method_not_allowed" }, [["Allow", "POST"]]);
-
-  const key = req.headers["idempotency-key"]; // node lower-cases header names
-  if (key === undefined) return sendJson(res, 400, { error: "idempotency_key_missing" });
-  if (Array.isArray(key) || !KEY_PATTERN.test(key)) return sendJson(res, 400, { error: "idempotency_key_invalid" });
-
-  const body = await readBody(req);
-  if (body === undefined) return sendJson(res, 413, { error: "request_too_large" });
-
-  try {
-    const { response, replayed } = await idemd.executeOnce({
-      endpoint: ENDPOINT,
-      key,
-      request: { method: "POST", path: "/v1/payments", contentType: req.headers["content-type"] ?? "", body },
-      ...(options.maxWaitMs === undefined ? {} : { maxWaitMs: options.maxWaitMs }),
-      handler: async (ctx): Promise<HandlerResponse> => {
-        const payment = parsePayment(body);
-        const charge = await provider.charge(payment, ctx.downstreamKey("charge"));
-        return {
-          status: 201,
-          headers: [["Content-Type", "application/json"]],
-          body: JSON.stringify({ id: charge.id, status: "succeeded", amount: payment.amount, currency: payment.currency }),
-        };
-      },
-    });
-    const headers: string[] = [];
-    for (const [name, value] of response.headers) headers.push(name, value);
-    if (replayed) headers.push("Idempotent-Replayed", "true");
-    res.writeHead(response.status, headers);
-    res.end(response.body);
-  } catch (err) {
-    if (err instanceof InProgressError) {
-      return sendJson(res, err.httpStatus, { error: err.errorCode }, [["Retry-After", String(err.retryAfterSeconds)]]);
-    }
-    if (err instanceof IdempotencyError) return sendJson(res, err.httpStatus, { error: err.errorCode });
-    if (err instanceof InvalidPayment) return sendJson(res, 400, { error: "invalid_request", message: err.message });
-    if (err instanceof RpcError && err.code === GrpcStatus.INVALID_ARGUMENT) {
-      return sendJson(res, 400, { error: "invalid_request" });
-    }
-    return sendJson(res, 502, { error: "upstream_error" });
-  }
+  app.use(idempotencyErrors());
+  app.use((err: unknown, _req: Request, res: Response, _next: NextFunction) => {
+    // Never log the key or the body; the status says enough.
+    if (err instanceof InvalidPayment) res.status(400).json({ error: "invalid_request", message: err.message });
+    else res.status(500).json({ error: "internal_error" });
+  });
+  return createServer(app);
 }
 
 function parsePayment(body: Buffer): { amount: number; currency: string; customer?: string } {
@@ -138,24 +83,6 @@ function parsePayment(body: Buffer): { amount: number; currency: string; custome
     currency: payment.currency,
     ...(typeof payment.customer === "string" ? { customer: payment.customer } : {}),
   };
-}
-
-async function readBody(req: IncomingMessage): Promise<Buffer | undefined> {
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of req) {
-    size += (chunk as Buffer).length;
-    if (size > MAX_BODY_BYTES) return undefined;
-    chunks.push(chunk as Buffer);
-  }
-  return Buffer.concat(chunks);
-}
-
-function sendJson(res: ServerResponse, status: number, body: object, headers: Array<[string, string]> = []): void {
-  const flat: string[] = ["Content-Type", "application/json"];
-  for (const [name, value] of headers) flat.push(name, value);
-  res.writeHead(status, flat);
-  res.end(JSON.stringify(body));
 }
 
 if (require.main === module) {

@@ -13,7 +13,7 @@
  * against the types of the installed package, compiled and run with node.
  */
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
+import { execFile, spawn } from "node:child_process";
 import { chmodSync, copyFileSync, existsSync, lstatSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import * as path from "node:path";
@@ -209,4 +209,60 @@ test("a fresh project installs the packed SDK as the README says and runs agains
     IDEMD_TOKEN: "conformance-token-alice-3f9a",
   }));
   assert.equal(output.trim(), EXPECTED_OUTPUT);
+
+  // The README's middleware block, as written, in the same project: Express installed next to the
+  // SDK as the README says (at the versions this package's tests use), compiled, served, one
+  // payment posted twice.
+  const dev = (JSON.parse(readFileSync(path.join(sdkRoot, "package.json"), "utf8")) as {
+    devDependencies: Record<string, string>;
+  }).devDependencies;
+  await run("npm", ["install", "--no-audit", "--no-fund", "--prefer-offline",
+    `express@${dev["express"]}`, `@types/express@${dev["@types/express"]}`], project);
+  const readme = readFileSync(path.join(sdkRoot, "README.md"), "utf8");
+  const block = /^```ts\n([\s\S]*?)^```$/m.exec(readme.split(/^## HTTP middleware$/m)[1] ?? "");
+  assert.ok(block, "README.md has a ```ts block under ## HTTP middleware");
+  writeFileSync(path.join(project, "server.mts"), block[1]!);
+  writeFileSync(
+    path.join(project, "tsconfig.json"),
+    JSON.stringify({
+      compilerOptions: {
+        target: "ES2022", lib: ["ES2022"], module: "node16", moduleResolution: "node16", strict: true,
+        skipLibCheck: true, esModuleInterop: true, types: ["node"],
+        typeRoots: [path.join(project, "node_modules", "@types"), path.join(sdkRoot, "node_modules", "@types")],
+        outDir: "out",
+      },
+      files: ["server.mts"],
+    }),
+  );
+  await run(process.execPath, [tsc, "-p", "."], project);
+  const port = 20000 + Math.floor(Math.random() * 20000);
+  const served = spawn(process.execPath, [path.join(project, "out", "server.mjs")], {
+    cwd: project,
+    env: userEnv({ IDEMD_ADDRESS: server.address, IDEMD_TOKEN: "conformance-token-alice-3f9a", PORT: String(port) }),
+    stdio: "ignore",
+  });
+  try {
+    const key = `consumer-${Date.now()}`;
+    const post = async (): Promise<Response> => {
+      for (let attempt = 0; ; attempt++) {
+        try {
+          return await fetch(`http://127.0.0.1:${port}/v1/payments/p1`, {
+            method: "POST", headers: { "Idempotency-Key": key, "Content-Type": "application/json" }, body: "{}",
+          });
+        } catch (error) {
+          if (attempt > 150) throw error;
+          await new Promise((resolve) => setTimeout(resolve, 100)); // still starting
+        }
+      }
+    };
+    const first = await post();
+    const firstBody = await first.text();
+    const again = await post();
+    assert.equal(first.status, 201);
+    assert.equal(first.headers.get("idempotent-replayed"), null);
+    assert.equal(again.headers.get("idempotent-replayed"), "true");
+    assert.equal(await again.text(), firstBody);
+  } finally {
+    served.kill("SIGTERM");
+  }
 });

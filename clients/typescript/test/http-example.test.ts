@@ -1,4 +1,4 @@
-/** Drives examples/payments-server.ts over real HTTP, backed by a live idemd. */
+/** Drives examples/payments-server.ts (Express + the middleware) over real HTTP, backed by a live idemd. */
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import type { AddressInfo } from "node:net";
@@ -9,6 +9,11 @@ import { IdemdClient, v1 } from "../src";
 import { startIdemd, type IdemdServer } from "./support/idemd";
 
 const ALICE = "conformance-token-alice-3f9a";
+
+/** The problem's name: the last segment of its `type`. */
+function problemOf(body: unknown): string | undefined {
+  return (body as { type?: string }).type?.split("/").pop();
+}
 
 describe("HTTP example (POST /v1/payments)", () => {
   let idemd: IdemdServer;
@@ -38,16 +43,16 @@ describe("HTTP example (POST /v1/payments)", () => {
   test("missing Idempotency-Key → 400 idempotency_key_missing", async () => {
     const res = await post('{"amount":4200,"currency":"usd"}');
     assert.equal(res.status, 400);
-    assert.deepEqual(await res.json(), { error: "idempotency_key_missing" });
+    assert.equal(problemOf(await res.json()), "idempotency_key_missing");
   });
 
-  test("malformed Idempotency-Key → 400 idempotency_key_invalid", async () => {
+  test("malformed Idempotency-Key → 400 idempotency_key_malformed", async () => {
     const res = await post('{"amount":4200,"currency":"usd"}', { "Idempotency-Key": "not a valid key!" });
     assert.equal(res.status, 400);
-    assert.deepEqual(await res.json(), { error: "idempotency_key_invalid" });
+    assert.equal(problemOf(await res.json()), "idempotency_key_malformed");
     const tooLong = await post('{"amount":4200,"currency":"usd"}', { "Idempotency-Key": "k".repeat(256) });
     assert.equal(tooLong.status, 400);
-    assert.deepEqual(await tooLong.json(), { error: "idempotency_key_invalid" });
+    assert.equal(problemOf(await tooLong.json()), "idempotency_key_malformed");
   });
 
   test("first POST → 201, retry → same body + Idempotent-Replayed, changed body → 422", async () => {
@@ -64,12 +69,12 @@ describe("HTTP example (POST /v1/payments)", () => {
     const retry = await post('{"customer":"cus_8812","currency":"usd","amount":4200}', { "Idempotency-Key": key });
     assert.equal(retry.status, 201);
     assert.equal(retry.headers.get("idempotent-replayed"), "true");
-    assert.equal(retry.headers.get("content-type"), "application/json");
+    assert.match(retry.headers.get("content-type") ?? "", /^application\/json/);
     assert.equal(await retry.text(), firstBody);
 
     const changed = await post('{"amount":42000,"currency":"usd","customer":"cus_8812"}', { "Idempotency-Key": key });
     assert.equal(changed.status, 422);
-    assert.deepEqual(await changed.json(), { error: "idempotency_key_reuse" });
+    assert.equal(problemOf(await changed.json()), "idempotency_key_reuse");
 
     assert.equal(provider.charges.size, 1, "the provider was charged exactly once");
   });
@@ -111,7 +116,7 @@ describe("HTTP example (POST /v1/payments)", () => {
     const started = Date.now();
     const res = await post(body, { "Idempotency-Key": key });
     assert.equal(res.status, 409);
-    assert.deepEqual(await res.json(), { error: "request_in_progress" });
+    assert.equal(problemOf(await res.json()), "request_in_progress");
     assert.match(res.headers.get("retry-after") ?? "", /^[1-9][0-9]*$/);
     assert.ok(Date.now() - started >= 450, "the executor waited its budget before answering 409");
   });
@@ -132,6 +137,6 @@ describe("HTTP example (POST /v1/payments)", () => {
     });
     const res = await post(body, { "Idempotency-Key": key });
     assert.equal(res.status, 409);
-    assert.deepEqual(await res.json(), { error: "outcome_pending" });
+    assert.equal(problemOf(await res.json()), "outcome_pending");
   });
 });

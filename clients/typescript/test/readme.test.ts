@@ -3,7 +3,7 @@
  * package (imported by its name, "@idemd/client"), compiled and run against a live idemd.
  */
 import assert from "node:assert/strict";
-import { execFile } from "node:child_process";
+import { execFile, spawn } from "node:child_process";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import * as path from "node:path";
@@ -71,4 +71,79 @@ test("README usage example type-checks and runs as written", async () => {
     timeout: 30_000,
   });
   assert.equal(stdout.trim(), '201 false {"id":"pay_1","status":"succeeded"}');
+});
+
+/** The ```ts block of the README's "## HTTP middleware" section. */
+function middlewareExample(): string {
+  const readme = readFileSync(path.join(sdkRoot, "README.md"), "utf8");
+  const section = readme.split(/^## HTTP middleware$/m)[1];
+  assert.ok(section, "README.md has a ## HTTP middleware section");
+  const match = /^```ts\n([\s\S]*?)^```$/m.exec(section);
+  assert.ok(match, "the HTTP middleware section has a ```ts block");
+  return match[1]!;
+}
+
+test("README middleware example type-checks, serves and replays as written", async () => {
+  const source = middlewareExample();
+  const project = mkdtempSync(path.join(tmpdir(), "idemd-readme-mw-"));
+  try {
+    mkdirSync(path.join(project, "node_modules", "@idemd"), { recursive: true });
+    symlinkSync(sdkRoot, path.join(project, "node_modules", "@idemd", "client"), "dir");
+    // The framework and its types, as `npm install express @types/express` would put them.
+    symlinkSync(path.join(sdkRoot, "node_modules", "express"), path.join(project, "node_modules", "express"), "dir");
+    symlinkSync(path.join(sdkRoot, "node_modules", "@types"), path.join(project, "node_modules", "@types"), "dir");
+    const file = path.join(project, "server.mts");
+    writeFileSync(file, source);
+    const program = ts.createProgram([file], {
+      target: ts.ScriptTarget.ES2022,
+      lib: ["lib.es2022.d.ts"],
+      module: ts.ModuleKind.Node16,
+      moduleResolution: ts.ModuleResolutionKind.Node16,
+      types: ["node"],
+      typeRoots: [path.join(sdkRoot, "node_modules", "@types")],
+      strict: true,
+      skipLibCheck: true,
+      esModuleInterop: true,
+      outDir: project,
+    });
+    const emitted = program.emit();
+    const diagnostics = ts.getPreEmitDiagnostics(program).concat(emitted.diagnostics);
+    assert.deepEqual(diagnostics.map((d) => ts.flattenDiagnosticMessageText(d.messageText, "\n")), []);
+
+    const port = 20000 + Math.floor(Math.random() * 20000);
+    const child = spawn(process.execPath, [path.join(project, "server.mjs")], {
+      cwd: project,
+      env: { ...process.env, IDEMD_ADDRESS: server.address, IDEMD_TOKEN: "conformance-token-alice-3f9a", PORT: String(port) },
+      stdio: "ignore",
+    });
+    try {
+      const key = `readme-${Date.now()}`;
+      const post = async (): Promise<Response> => {
+        for (let attempt = 0; ; attempt++) {
+          try {
+            return await fetch(`http://127.0.0.1:${port}/v1/payments/p1`, {
+              method: "POST",
+              headers: { "Idempotency-Key": key, "Content-Type": "application/json" },
+              body: "{}",
+            });
+          } catch (error) {
+            if (attempt > 100) throw error;
+            await new Promise((resolve) => setTimeout(resolve, 100)); // still starting
+          }
+        }
+      };
+      const first = await post();
+      const firstBody = await first.text();
+      const again = await post();
+      assert.equal(first.status, 201);
+      assert.equal(first.headers.get("idempotent-replayed"), null);
+      assert.equal(again.status, 201);
+      assert.equal(again.headers.get("idempotent-replayed"), "true");
+      assert.equal(await again.text(), firstBody);
+    } finally {
+      child.kill("SIGTERM");
+    }
+  } finally {
+    rmSync(project, { recursive: true, force: true });
+  }
 });

@@ -434,7 +434,7 @@ impl<S: Services> Call<S> {
             key: self.key.clone(),
             lease_token: self.lease.lease_token.clone(),
             disposition: disposition.into(),
-            reason: truncate(reason, crate::engine::validate::MAX_REASON_BYTES),
+            reason: truncate(reason, crate::api::MAX_REASON_BYTES),
         };
         if let Err(status) = Idempotency::fail(&self.proxy.services, self.request(fail)).await {
             tracing::warn!(endpoint = %self.endpoint, code = ?status.code(), message = status.message(), "failing the key after an upstream error failed; its lease will run out");
@@ -633,10 +633,7 @@ pub fn parse_key(value: &HeaderValue) -> Result<String, String> {
             key
         }
     };
-    crate::engine::validate::key(&key).map_err(|error| match error {
-        crate::engine::EngineError::InvalidArgument { description, .. } => description,
-        other => other.to_string(),
-    })?;
+    crate::api::check_key(&key)?;
     Ok(key)
 }
 

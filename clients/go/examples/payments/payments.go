@@ -1,14 +1,10 @@
-// Package payments is an example HTTP front end that makes POST /v1/payments
-// safe to retry with idemd, using only net/http.
-//
-//   - Idempotency-Key header (case-insensitive): missing → 400
-//     {"error":"idempotency_key_missing"}, malformed → 400
-//     {"error":"idempotency_key_invalid"};
-//   - the charge runs through ExecuteOnce: at most once per key;
-//   - a retry gets the stored response with "Idempotent-Replayed: true";
-//   - in progress → 409 request_in_progress with Retry-After; undecided
-//     outcome → 409 outcome_pending; same key, different body → 422
-//     idempotency_key_reuse.
+// Package payments is an example HTTP API that makes POST /v1/payments
+// safe to retry with idemd: net/http and one middleware (idemd.Middleware),
+// which answers what idemd proxy answers (docs/proxy.md): 400 for a missing
+// or malformed Idempotency-Key, the stored response with
+// "Idempotent-Replayed: true" on a retry, 409 request_in_progress with
+// Retry-After, 409 outcome_pending, 422 idempotency_key_reuse. The handler
+// only validates and charges.
 package payments
 
 import (
@@ -16,26 +12,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"math"
 	"net/http"
-	"regexp"
-	"strconv"
 	"sync"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"time"
 
 	idemd "github.com/idemd/idemd/clients/go"
 )
 
 // Endpoint is the idemd endpoint (policy name) of the payments route.
 const Endpoint = "POST /v1/payments"
-
-// maxBody is the largest request body accepted.
-const maxBody = 1 << 20
-
-var validKey = regexp.MustCompile(`^[A-Za-z0-9_-]{1,255}$`)
 
 // Payment is the request body of POST /v1/payments.
 type Payment struct {
@@ -68,122 +53,55 @@ type Provider interface {
 type Server struct {
 	Idemd    *idemd.Client
 	Provider Provider
-	// Options for every ExecuteOnce (e.g. idemd.WithMaxWait).
-	Options []idemd.ExecuteOption
+	// MaxWait is how long a duplicate waits for an in-flight original
+	// before its 409 (default 0: at once).
+	MaxWait time.Duration
 }
 
-// Handler returns the routes.
-func (s *Server) Handler() http.Handler {
+// Handler returns the routes, behind the idempotency middleware.
+func (s *Server) Handler() (http.Handler, error) {
+	mw, err := idemd.Middleware(s.Idemd, idemd.RoutesConfig{
+		Routes: []idemd.Route{{Path: "/v1/payments", MaxWait: idemd.Duration(s.MaxWait)}},
+	})
+	if err != nil {
+		return nil, err
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/payments", s.createPayment)
-	return mux
+	return mw(mux), nil
 }
 
 func (s *Server) createPayment(w http.ResponseWriter, r *http.Request) {
-	keys := r.Header.Values("Idempotency-Key") // header names are case-insensitive
-	switch {
-	case len(keys) == 0:
-		writeError(w, http.StatusBadRequest, "idempotency_key_missing")
-		return
-	case len(keys) > 1 || !validKey.MatchString(keys[0]):
-		writeError(w, http.StatusBadRequest, "idempotency_key_invalid")
-		return
-	}
-	key := keys[0]
-
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
-	if err != nil {
-		writeError(w, http.StatusRequestEntityTooLarge, "request_too_large")
-		return
-	}
 	var payment Payment
-	if err := json.Unmarshal(body, &payment); err != nil || payment.Amount <= 0 || payment.Currency == "" {
-		writeError(w, http.StatusBadRequest, "invalid_payment")
+	if err := json.NewDecoder(r.Body).Decode(&payment); err != nil || payment.Amount <= 0 || payment.Currency == "" {
+		// Refused before anything happened: the key is released, a corrected
+		// retry with the same key runs.
+		idemd.ReportFailure(r.Context(), idemd.NoSideEffect(errors.New("invalid payment")))
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "invalid_payment"})
 		return
 	}
-
-	request := idemd.HTTPRequest{
-		Method: r.Method, Path: r.URL.Path, ContentType: r.Header.Get("Content-Type"), Body: body,
-	}
-	var providerErr error
-	result, err := s.Idemd.ExecuteOnce(r.Context(), Endpoint, key, request, func(ctx context.Context, ex idemd.Execution) (*idemd.Response, error) {
-		// The provider's key is derived from ours: every retry of this
-		// payment sends the same one, so the provider never charges twice.
-		charge, err := s.Provider.Charge(ctx, ex.DownstreamKey("charge"), payment)
-		switch {
-		case errors.Is(err, ErrDeclined):
-			return jsonResponse(http.StatusPaymentRequired, map[string]string{"error": "card_declined"}), nil
-		case errors.Is(err, ErrRejected):
-			providerErr = err
-			return nil, idemd.NoSideEffect(err) // nothing happened: release the key
-		case err != nil:
-			providerErr = err
-			return nil, err // outcome unknown (timeout, connection reset): never release
-		}
-		return jsonResponse(http.StatusCreated, map[string]any{
-			"id": charge.ID, "amount": payment.Amount, "currency": payment.Currency, "status": charge.Status,
-		}), nil
-	}, s.Options...)
+	ex, _ := idemd.ExecutionFrom(r.Context())
+	// The provider's key is derived from ours: every retry of this payment
+	// sends the same one, so the provider never charges twice.
+	charge, err := s.Provider.Charge(r.Context(), ex.DownstreamKey("charge"), payment)
 	switch {
-	case err != nil && providerErr != nil && errors.Is(err, ErrRejected):
-		writeError(w, http.StatusBadGateway, "payment_rejected") // safe to retry
-		return
-	case err != nil && providerErr != nil:
-		writeError(w, http.StatusBadGateway, "payment_outcome_unknown") // retries get 409 outcome_pending
-		return
+	case errors.Is(err, ErrDeclined):
+		writeJSON(w, http.StatusPaymentRequired, map[string]string{"error": "card_declined"}) // stored, replayed
+	case errors.Is(err, ErrRejected):
+		idemd.ReportFailure(r.Context(), idemd.NoSideEffect(err)) // nothing happened: release the key
+		writeJSON(w, http.StatusBadGateway, map[string]string{"error": "payment_rejected"})
 	case err != nil:
-		writeExecuteError(w, err)
-		return
-	}
-	for _, h := range result.Response.Headers {
-		w.Header().Add(h.Name, h.Value)
-	}
-	if result.Replayed {
-		w.Header().Set("Idempotent-Replayed", "true")
-	}
-	w.WriteHeader(result.Response.Status)
-	_, _ = w.Write(result.Response.Body)
-}
-
-func writeExecuteError(w http.ResponseWriter, err error) {
-	var (
-		reuse    *idemd.KeyReuseError
-		pending  *idemd.OutcomePendingError
-		progress *idemd.InProgressError
-	)
-	switch {
-	case errors.As(err, &reuse):
-		writeError(w, reuse.HTTPStatus, reuse.ErrorCode) // 422 idempotency_key_reuse
-	case errors.As(err, &progress):
-		seconds := max(1, int(math.Ceil(progress.RetryAfter.Seconds())))
-		w.Header().Set("Retry-After", strconv.Itoa(seconds))
-		writeError(w, progress.HTTPStatus, progress.ErrorCode) // 409 request_in_progress
-	case errors.As(err, &pending):
-		writeError(w, pending.HTTPStatus, pending.ErrorCode) // 409 outcome_pending
-	case status.Code(err) == codes.InvalidArgument:
-		writeError(w, http.StatusBadRequest, "invalid_request")
+		idemd.ReportFailure(r.Context(), err) // outcome unknown (timeout, reset): never release
+		writeJSON(w, http.StatusBadGateway, map[string]string{"error": "payment_outcome_unknown"})
 	default:
-		var complete *idemd.CompleteError
-		if errors.As(err, &complete) {
-			// Charged, but the response could not be stored.
-			writeError(w, http.StatusBadGateway, "payment_outcome_unknown")
-			return
-		}
-		writeError(w, http.StatusServiceUnavailable, "idempotency_service_unavailable")
+		writeJSON(w, http.StatusCreated, map[string]any{
+			"id": charge.ID, "amount": payment.Amount, "currency": payment.Currency, "status": charge.Status,
+		})
 	}
 }
 
-func jsonResponse(statusCode int, v any) *idemd.Response {
+func writeJSON(w http.ResponseWriter, statusCode int, v any) {
 	body, _ := json.Marshal(v)
-	return &idemd.Response{
-		Status:  statusCode,
-		Headers: []idemd.Header{{Name: "Content-Type", Value: "application/json"}},
-		Body:    body,
-	}
-}
-
-func writeError(w http.ResponseWriter, statusCode int, code string) {
-	body, _ := json.Marshal(map[string]string{"error": code})
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(statusCode)
 	_, _ = w.Write(body)

@@ -28,7 +28,7 @@ func TestMain(m *testing.M) { testserver.Main(m) }
 
 const paymentBody = `{"amount":4200,"currency":"usd","customer":"cus_8812"}`
 
-func newAPI(t *testing.T, provider payments.Provider, opts ...idemd.ExecuteOption) *httptest.Server {
+func newAPI(t *testing.T, provider payments.Provider, maxWait ...time.Duration) *httptest.Server {
 	t.Helper()
 	srv := testserver.Shared(t)
 	var file struct {
@@ -46,7 +46,15 @@ func newAPI(t *testing.T, provider payments.Provider, opts ...idemd.ExecuteOptio
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { client.Close() })
-	api := httptest.NewServer((&payments.Server{Idemd: client, Provider: provider, Options: opts}).Handler())
+	server := &payments.Server{Idemd: client, Provider: provider}
+	if len(maxWait) > 0 {
+		server.MaxWait = maxWait[0]
+	}
+	handler, err := server.Handler()
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := httptest.NewServer(handler)
 	t.Cleanup(api.Close)
 	return api
 }
@@ -96,11 +104,17 @@ func tryPost(api *httptest.Server, headerName, key, body string) (reply, error) 
 
 func errorCode(t *testing.T, r reply) string {
 	t.Helper()
+	// The app's own errors are {"error": code}; the middleware's are
+	// problem details whose type ends in the code.
 	var body struct {
 		Error string `json:"error"`
+		Type  string `json:"type"`
 	}
 	if err := json.Unmarshal([]byte(r.body), &body); err != nil {
 		t.Fatalf("error body %q: %v", r.body, err)
+	}
+	if body.Type != "" {
+		return body.Type[strings.LastIndex(body.Type, "/")+1:]
 	}
 	return body.Error
 }
@@ -114,10 +128,10 @@ func TestPaymentsOverHTTP(t *testing.T) {
 	if r := post(t, api, "", "", paymentBody); r.status != 400 || errorCode(t, r) != "idempotency_key_missing" {
 		t.Errorf("missing key: %d %s", r.status, r.body)
 	}
-	if r := post(t, api, "Idempotency-Key", "not a valid key!", paymentBody); r.status != 400 || errorCode(t, r) != "idempotency_key_invalid" {
+	if r := post(t, api, "Idempotency-Key", "not a valid key!", paymentBody); r.status != 400 || errorCode(t, r) != "idempotency_key_malformed" {
 		t.Errorf("malformed key: %d %s", r.status, r.body)
 	}
-	if r := post(t, api, "Idempotency-Key", strings.Repeat("k", 256), paymentBody); r.status != 400 || errorCode(t, r) != "idempotency_key_invalid" {
+	if r := post(t, api, "Idempotency-Key", strings.Repeat("k", 256), paymentBody); r.status != 400 || errorCode(t, r) != "idempotency_key_malformed" {
 		t.Errorf("key too long: %d %s", r.status, r.body)
 	}
 
@@ -164,7 +178,7 @@ func (g *gatedProvider) Charge(ctx context.Context, key string, p payments.Payme
 func TestInProgressIs409WithRetryAfter(t *testing.T) {
 	t.Parallel()
 	provider := &gatedProvider{entered: make(chan struct{}), release: make(chan struct{})}
-	api := newAPI(t, provider, idemd.WithMaxWait(200*time.Millisecond))
+	api := newAPI(t, provider, 200*time.Millisecond)
 	key := newKey(t)
 
 	done := make(chan reply, 1)

@@ -15,6 +15,7 @@ See docs/sdk.md in the idemd repository for the contract every SDK implements.
 from ._grpc_util import RetryPolicy
 from ._proto import pb
 from .client import Client
+from .decorators import idempotent
 from .downstream import downstream_key
 from .errors import (
     IdemdError,
@@ -48,5 +49,6 @@ __all__ = [
     "canonical_body",
     "downstream_key",
     "fingerprint_v1",
+    "idempotent",
     "pb",
 ]

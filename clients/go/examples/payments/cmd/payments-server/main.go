@@ -29,9 +29,13 @@ func main() {
 	if listen == "" {
 		listen = ":8080"
 	}
+	handler, err := (&payments.Server{Idemd: client, Provider: &payments.FakeProvider{}, MaxWait: 5 * time.Second}).Handler()
+	if err != nil {
+		log.Fatal(err)
+	}
 	srv := &http.Server{
 		Addr:              listen,
-		Handler:           (&payments.Server{Idemd: client, Provider: &payments.FakeProvider{}}).Handler(),
+		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	log.Printf("payments example listening on %s", listen)
