@@ -176,15 +176,16 @@ impl Statements {
             ))
             .await?,
         };
+        // The record LWTs only: a timed-out one is resolved by a SERIAL
+        // read. The cursor's LWTs keep the request timeout: a failed one is
+        // simply tried again (the claim fails as unavailable, the sealer
+        // retries at its next step).
         if let Some(timeout) = options.lwt_timeout {
             for statement in [
                 &mut statements.insert,
                 &mut statements.replace,
                 &mut statements.replace_expired,
                 &mut statements.delete,
-                &mut statements.cursor_create,
-                &mut statements.cursor_advance,
-                &mut statements.cursor_advance_with_summary,
             ] {
                 statement.set_request_timeout(Some(timeout));
             }
