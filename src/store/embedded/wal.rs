@@ -156,6 +156,40 @@ pub fn decode_changes(mut payload: &[u8]) -> Result<Vec<Change<'_>>, String> {
     Ok(changes)
 }
 
+/// Why [`Wal::append`] failed: it decides what the batch's callers are
+/// told and whether the writer may go on.
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    /// The frame was not written whole (`write` failed: no space, a quota):
+    /// it is not in the log, nothing of the batch is applied, and no sync
+    /// failed, so the file's other pages are intact.
+    #[error("write-ahead log append failed: {0}")]
+    NotWritten(io::Error),
+    /// The sync failed: the frame may or may not be durable.
+    #[error("write-ahead log sync failed: {0}")]
+    NotDurable(io::Error),
+}
+
+impl AppendError {
+    /// Whether the frame was not written because the file system is full
+    /// (or the owner's quota is): the one failure the writer outlives, since
+    /// freeing space makes the same append succeed.
+    pub fn is_out_of_space(&self) -> bool {
+        match self {
+            AppendError::NotWritten(error) => is_out_of_space(error),
+            AppendError::NotDurable(_) => false,
+        }
+    }
+}
+
+/// Whether `error` says the file system (or a quota) has no room left.
+pub fn is_out_of_space(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+    )
+}
+
 /// The log file, written only by the store's writer thread.
 #[derive(Debug)]
 pub struct Wal {
@@ -253,12 +287,17 @@ impl Wal {
 
     /// Appends a frame and makes it durable (`fdatasync`).
     ///
-    /// On error the frame may or may not be on disk, and after a failed
-    /// fsync the kernel may have dropped other unwritten pages of the file
-    /// too: the caller must stop writing (see the writer's poisoning).
-    pub fn append(&mut self, frame: &[u8]) -> io::Result<()> {
-        self.file.write_all_at(frame, self.end)?;
-        self.file.sync_data()?;
+    /// A frame that could not be written whole ([`AppendError::NotWritten`],
+    /// e.g. the disk is full) is no frame: its checksum cannot match, so a
+    /// replay stops there, and the next append overwrites it. After a failed
+    /// sync ([`AppendError::NotDurable`]) the frame may or may not be on
+    /// disk, and the kernel may have dropped other unwritten pages of the
+    /// file too: the caller must stop writing (see the writer's poisoning).
+    pub fn append(&mut self, frame: &[u8]) -> Result<(), AppendError> {
+        self.file
+            .write_all_at(frame, self.end)
+            .map_err(AppendError::NotWritten)?;
+        self.file.sync_data().map_err(AppendError::NotDurable)?;
         self.end += frame.len() as u64;
         Ok(())
     }

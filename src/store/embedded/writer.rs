@@ -102,6 +102,11 @@ pub(super) struct Writer {
     pub(super) last_checkpoint: Instant,
     /// Set after a storage error in the write path; see the module docs.
     pub(super) poisoned: Option<String>,
+    /// Set while log appends fail for want of space (logged once per
+    /// episode, not per batch); cleared by the next append that succeeds.
+    pub(super) out_of_space: bool,
+    /// The data directory, named in what operators are told to free.
+    pub(super) data_dir: std::path::PathBuf,
     /// Counters shared with the store.
     pub(super) stats: Arc<WriterStats>,
     /// Seals responses as records are encoded.
@@ -139,8 +144,24 @@ impl Writer {
     fn poison(&mut self, reason: String) {
         tracing::error!(
             error = %reason,
+            data_dir = %self.data_dir.display(),
             "embedded store: write path failed; refusing writes until restart (acknowledged writes are safe in the write-ahead log)"
         );
+        if let Some(exit) = EXIT_ON_POISON.get() {
+            // redb latches its I/O errors (every later read and write fails
+            // until the file is reopened) and a failed sync leaves the log
+            // untrustworthy: only a restart's replay is a way back, so a
+            // process that can be restarted says what to do and goes.
+            exit(&format!(
+                "the embedded store in {} cannot write ({reason}); every acknowledged write is in its write-ahead log. {} then start idemd again: it replays the log on start",
+                self.data_dir.display(),
+                if reason.contains("No space left") || reason.contains("quota") {
+                    "Free space on that file system (it is full),"
+                } else {
+                    "Check the disk (kernel log, file system),"
+                }
+            ));
+        }
         self.poisoned = Some(reason);
     }
 
@@ -218,11 +239,47 @@ impl Writer {
     /// Logs and syncs the batch's frame, then commits the transaction
     /// (without fsync: the log holds it) so that readers see it.
     fn make_durable(&mut self, txn: redb::WriteTransaction) -> StoreResult<()> {
-        let appended = self.frame.finish().and_then(|frame| self.wal.append(frame));
-        if let Err(error) = appended {
-            // The frame may have reached the disk partially or wholly.
-            drop(txn);
-            return Err(self.uncertain(format!("write-ahead log append failed: {error}")));
+        let frame = match self.frame.finish() {
+            Ok(frame) => frame,
+            Err(error) => {
+                drop(txn);
+                return Err(StoreError::Unavailable(format!(
+                    "nothing was applied: {error}"
+                )));
+            }
+        };
+        match self.wal.append(frame) {
+            Ok(()) => {
+                if std::mem::take(&mut self.out_of_space) {
+                    tracing::warn!(
+                        data_dir = %self.data_dir.display(),
+                        "embedded store: the write-ahead log is writable again; writes resume"
+                    );
+                }
+            }
+            // The frame is not in the log and the transaction is dropped:
+            // nothing of the batch happened, and nothing else is at risk
+            // (no sync failed). Refuse the batch and keep going, so writes
+            // resume by themselves once space is freed.
+            Err(error) if error.is_out_of_space() => {
+                drop(txn);
+                if !std::mem::replace(&mut self.out_of_space, true) {
+                    tracing::error!(
+                        %error,
+                        data_dir = %self.data_dir.display(),
+                        "embedded store: the disk is full; writes are refused (UNAVAILABLE, nothing applied) until space is freed in the data directory; reads go on"
+                    );
+                }
+                return Err(StoreError::Unavailable(format!(
+                    "the disk holding {} is full, nothing was applied; retry once space is freed: {error}",
+                    self.data_dir.display()
+                )));
+            }
+            Err(error) => {
+                // The frame may have reached the disk partially or wholly.
+                drop(txn);
+                return Err(self.uncertain(error.to_string()));
+            }
         }
         if let Err(error) = txn.commit() {
             // The log has a frame that redb does not: later batches would
@@ -237,6 +294,18 @@ impl Writer {
         self.poison(reason.clone());
         StoreError::Uncertain(reason)
     }
+}
+
+/// What a process that can be restarted does when the writer is poisoned:
+/// see [`exit_on_storage_failure`].
+static EXIT_ON_POISON: std::sync::OnceLock<fn(&str) -> !> = std::sync::OnceLock::new();
+
+/// Makes a storage failure of the write path end the process through
+/// `exit` (which prints the message it is given and exits non-zero), for
+/// the `idemd` binary: its supervisor restarts it and the restart's replay
+/// recovers. Embedders and tests keep a store that refuses writes instead.
+pub fn exit_on_storage_failure(exit: fn(&str) -> !) {
+    let _ = EXIT_ON_POISON.set(exit);
 }
 
 /// Applies operations in one non-durable write transaction, logging every
