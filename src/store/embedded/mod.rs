@@ -314,7 +314,7 @@ impl EmbeddedStore {
             seq,
             last_checkpoint: Instant::now(),
             poisoned: None,
-            out_of_space: false,
+            out_of_space: (0, None),
             data_dir: options.data_dir.clone(),
             stats: Arc::clone(&stats),
             keyring: options.keyring.clone(),

@@ -438,6 +438,35 @@ mod tests {
         assert!(replayed(&wal, 3).is_empty());
     }
 
+    /// What a full disk leaves: part of a frame written where the log
+    /// ends, and no advance of the end. A replay ignores it, and the next
+    /// append (the retried batch, same sequence number) overwrites it.
+    #[test]
+    fn a_frame_not_written_whole_is_no_frame_and_is_overwritten() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut wal = Wal::open(dir.path()).expect("open");
+        wal.append(&frame(1, b"a")).expect("append");
+        let refused = frame(2, b"refused-batch");
+        wal.file
+            .write_all_at(&refused[..refused.len() / 2], wal.end)
+            .expect("half a frame");
+        assert_eq!(replayed(&wal, 0), vec![(1, b"a".to_vec())]);
+        wal.append(&frame(2, b"b")).expect("append");
+        wal.append(&frame(3, b"c")).expect("append");
+        assert_eq!(
+            replayed(&wal, 0),
+            vec![(1, b"a".to_vec()), (2, b"b".to_vec()), (3, b"c".to_vec())]
+        );
+        let full = AppendError::NotWritten(io::Error::from(io::ErrorKind::StorageFull));
+        assert!(full.is_out_of_space());
+        let quota = AppendError::NotWritten(io::Error::from(io::ErrorKind::QuotaExceeded));
+        assert!(quota.is_out_of_space());
+        let sync = AppendError::NotDurable(io::Error::from(io::ErrorKind::StorageFull));
+        assert!(!sync.is_out_of_space(), "a failed sync is never outlived");
+        let eio = AppendError::NotWritten(io::Error::other("EIO"));
+        assert!(!eio.is_out_of_space());
+    }
+
     #[test]
     fn a_torn_tail_ends_the_log() {
         let dir = tempfile::tempdir().expect("dir");

@@ -102,9 +102,11 @@ pub(super) struct Writer {
     pub(super) last_checkpoint: Instant,
     /// Set after a storage error in the write path; see the module docs.
     pub(super) poisoned: Option<String>,
-    /// Set while log appends fail for want of space (logged once per
-    /// episode, not per batch); cleared by the next append that succeeds.
-    pub(super) out_of_space: bool,
+    /// Batches refused for want of space since the last report, and when
+    /// that report was logged: a full disk is reported at most every
+    /// [`OUT_OF_SPACE_REPORT`], not per batch (the log may share the disk,
+    /// and appends alternate between failing and fitting in the last page).
+    pub(super) out_of_space: (u64, Option<Instant>),
     /// The data directory, named in what operators are told to free.
     pub(super) data_dir: std::path::PathBuf,
     /// Counters shared with the store.
@@ -249,26 +251,24 @@ impl Writer {
             }
         };
         match self.wal.append(frame) {
-            Ok(()) => {
-                if std::mem::take(&mut self.out_of_space) {
-                    tracing::warn!(
-                        data_dir = %self.data_dir.display(),
-                        "embedded store: the write-ahead log is writable again; writes resume"
-                    );
-                }
-            }
+            Ok(()) => {}
             // The frame is not in the log and the transaction is dropped:
             // nothing of the batch happened, and nothing else is at risk
             // (no sync failed). Refuse the batch and keep going, so writes
             // resume by themselves once space is freed.
             Err(error) if error.is_out_of_space() => {
                 drop(txn);
-                if !std::mem::replace(&mut self.out_of_space, true) {
+                let (refused, reported) = &mut self.out_of_space;
+                *refused += 1;
+                if reported.is_none_or(|at| at.elapsed() >= OUT_OF_SPACE_REPORT) {
                     tracing::error!(
                         %error,
+                        refused_batches = *refused,
                         data_dir = %self.data_dir.display(),
-                        "embedded store: the disk is full; writes are refused (UNAVAILABLE, nothing applied) until space is freed in the data directory; reads go on"
+                        "embedded store: the disk is full; writes are refused (UNAVAILABLE, nothing applied) until space is freed in the data directory"
                     );
+                    *refused = 0;
+                    *reported = Some(Instant::now());
                 }
                 return Err(StoreError::Unavailable(format!(
                     "the disk holding {} is full, nothing was applied; retry once space is freed: {error}",
@@ -295,6 +295,9 @@ impl Writer {
         StoreError::Uncertain(reason)
     }
 }
+
+/// Shortest interval between two reports of a full disk.
+const OUT_OF_SPACE_REPORT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What a process that can be restarted does when the writer is poisoned:
 /// see [`exit_on_storage_failure`].
