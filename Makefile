@@ -118,6 +118,7 @@ bench-smoke:
 ## -rm`) under careful clients, checked for double execution, lost writes and
 ## claims, wrong replays and unanswered calls. About 40 s.
 faults-smoke:
+	scripts/test-deps.sh
 	$(CARGO) test -p idemd-faults
 	$(CARGO) build -p idemd -p idemd-faults
 	$(TARGET_DIR)/debug/idemd-faults --profile short --idemd-bin $(TARGET_DIR)/debug/idemd
