@@ -31,6 +31,7 @@
 //! max_response_bytes = 262144   # cap on a stored response
 //! ignore_fields = []            # JSON Pointers dropped before fingerprinting
 //! on_expired_lease = "reconcile" # or "takeover"
+//! max_clock_skew = "500ms"      # takeover waits this long past expiry
 //! audit = false                 # append every transition to the audit log
 //!
 //! [endpoints."POST /v1/payments"] # overrides, inheriting from [defaults]
@@ -500,6 +501,21 @@ mod tests {
         assert!(err.description.contains("leese"), "{err}");
         let err = settings_with("[defaults]\nmax_response_bytes = 0\n").expect_err("zero");
         assert_eq!(err.field, "defaults.max_response_bytes");
+        let err = settings_with("[endpoints.\"POST /x\"]\nmax_clock_skew = \"2m\"\n")
+            .expect_err("skew over the limit");
+        assert_eq!(err.field, "endpoints.\"POST /x\".max_clock_skew");
+        let settings = settings_with("[defaults]\nmax_clock_skew = \"2s\"\n").expect("valid");
+        assert_eq!(
+            settings.policies.for_endpoint("any").max_clock_skew,
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            Settings::for_data_dir("unused")
+                .policies
+                .default
+                .max_clock_skew,
+            crate::engine::DEFAULT_MAX_CLOCK_SKEW
+        );
     }
 
     #[test]
