@@ -31,7 +31,7 @@
 //! max_response_bytes = 262144   # cap on a stored response
 //! ignore_fields = []            # JSON Pointers dropped before fingerprinting
 //! on_expired_lease = "reconcile" # or "takeover"
-//! max_clock_skew = "500ms"      # takeover waits this long past expiry
+//! max_clock_skew = "100ms"      # takeover waits this long past expiry
 //! audit = false                 # append every transition to the audit log
 //!
 //! [endpoints."POST /v1/payments"] # overrides, inheriting from [defaults]

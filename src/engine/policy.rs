@@ -17,9 +17,10 @@ pub enum ExpiredLeasePolicy {
     Takeover,
 }
 
-/// Default [`Policy::max_clock_skew`]: well above what NTP keeps between
-/// machines of one network (milliseconds), far below the default lease.
-pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_millis(500);
+/// Default [`Policy::max_clock_skew`]: ten times what NTP keeps between
+/// machines of one network (a few ms; cloud time services under 1 ms), and
+/// small against any lease: a takeover waits this much longer.
+pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_millis(100);
 
 /// Largest [`Policy::max_clock_skew`] accepted: clocks further apart than
 /// this need fixing, not a longer wait.
