@@ -157,7 +157,9 @@ impl Writer {
             exit(&format!(
                 "the embedded store in {} cannot write ({reason}); every acknowledged write is in its write-ahead log. {} then start idemd again: it replays the log on start",
                 self.data_dir.display(),
-                if reason.contains("No space left") || reason.contains("quota") {
+                // The reason is text by now (redb's errors carry the OS's);
+                // ENOSPC and EDQUOT read the same on every Linux libc.
+                if reason.contains("No space left") || reason.contains("quota exceeded") {
                     "Free space on that file system (it is full),"
                 } else {
                     "Check the disk (kernel log, file system),"
