@@ -133,15 +133,17 @@ bench-smoke:
 		--out-dir $(TARGET_DIR)/bench-smoke
 
 ## faults-smoke: the short fault-injection profile (faults/, docs/reliability.md):
-## 10 kill -9 cycles, 2 SIGSTOP pauses, a torn log tail and a damaged database
-## file under careful clients, checked for double execution, lost writes and
-## claims, wrong replays and unanswered calls. About 30 s.
+## 10 kill -9 cycles, 2 SIGSTOP pauses, a torn log tail, a damaged database
+## file and a full disk (a tmpfs in a mount namespace of its own, `unshare
+## -rm`) under careful clients, checked for double execution, lost writes and
+## claims, wrong replays and unanswered calls. About 40 s.
 faults-smoke:
+	scripts/test-deps.sh
 	$(CARGO) test -p idemd-faults
 	$(CARGO) build -p idemd -p idemd-faults
 	$(TARGET_DIR)/debug/idemd-faults --profile short --idemd-bin $(TARGET_DIR)/debug/idemd
 
-## faults: the full profile (release build): 100 kill -9 cycles, 12 clients,
+## faults: the full profile (release build): 100 kill -9 cycles, 3 full disks, 12 clients,
 ## then a 3-node Cassandra cluster (scripts/cassandra.sh) under two idemd
 ## replicas: a node killed and restarted, quorum lost and regained three times
 ## in a row, the whole cluster restarted. The figures of docs/reliability.md

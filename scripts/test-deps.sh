@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Makes sure the command-line tools the integration tests run are installed
 # (idempotent): curl (the front doors are tested with a client nobody here
-# wrote: tests/it/web.rs, the README's curl example) and bash (the README and
-# docs/operations.md examples run as written). Debian packages; needs root
-# only when something is missing.
+# wrote: tests/it/web.rs, the README's curl example), bash (the README and
+# docs/operations.md examples run as written), and unshare, nsenter and ip
+# (util-linux, iproute2: tests/it/protected_mode.rs and the fault suite's
+# full-disk scenario create network and mount namespaces of their own).
+# Debian packages; needs root only when something is missing.
 set -euo pipefail
 missing=()
-for tool in curl bash; do
-    command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+# tool:package
+for pair in curl:curl bash:bash unshare:util-linux nsenter:util-linux ip:iproute2; do
+    tool=${pair%%:*}
+    package=${pair#*:}
+    if ! command -v "$tool" >/dev/null 2>&1; then
+        [[ " ${missing[*]} " == *" $package "* ]] || missing+=("$package")
+    fi
 done
 if [[ ${#missing[@]} -gt 0 ]]; then
     echo "test-deps.sh: installing Debian packages: ${missing[*]}" >&2

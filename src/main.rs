@@ -101,6 +101,14 @@ fn migrate(args: &MigrateArgs) -> ExitCode {
     }
 }
 
+/// Ends the process after a storage failure of the embedded store's write
+/// path, with `message` (what happened and what to do) on stderr.
+fn exit_on_storage_failure(message: &str) -> ! {
+    tracing::error!("{message}");
+    eprintln!("idemd: {message}");
+    std::process::exit(1)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let settings = match cli.command {
@@ -143,6 +151,9 @@ fn main() -> ExitCode {
         }
     };
     init_logging(&settings.log, settings.log_format);
+    // A process that a supervisor restarts recovers from a failed write
+    // path by its restart's replay; see `idemd::store::embedded`.
+    idemd::store::embedded::exit_on_storage_failure(exit_on_storage_failure);
     let runtime = match runtime() {
         Ok(runtime) => runtime,
         Err(code) => return code,

@@ -13,7 +13,8 @@
 //! * `history`: what the clients saw, and the checker.
 //! * `workload`: the careful client, run by many workers.
 //! * `server`: the idemd process, started, killed, paused, restarted.
-//! * `scenarios`: one function per fault of the embedded store.
+//! * `scenarios`: one function per fault of the embedded store (the full
+//!   disk on a tmpfs in a mount namespace of its own).
 //! * `cql`: the Cassandra scenarios (3 nodes, two idemd replicas; full
 //!   profile only).
 
@@ -43,7 +44,7 @@ struct Args {
     #[arg(long)]
     idemd_bin: PathBuf,
     /// Only these scenarios (kill9, pause, torn-wal, corrupt-page,
-    /// cql-node-kill, cql-quorum-loss, cql-cluster-restart; the CQL ones run
+    /// full-disk, cql-node-kill, cql-quorum-loss, cql-cluster-restart; the CQL ones run
     /// by default only in the full profile).
     #[arg(long, value_delimiter = ',')]
     scenarios: Vec<String>,
@@ -149,6 +150,14 @@ async fn main() -> anyhow::Result<()> {
     }
     if wanted("corrupt-page") {
         reports.push(scenarios::corrupt_page(bin, &load, &log_dir).await?);
+        print(reports.last().expect("pushed"));
+    }
+    if wanted("full-disk") {
+        let rounds = match args.profile {
+            Profile::Short => 1,
+            Profile::Full => 3,
+        };
+        reports.push(scenarios::full_disk(bin, &load, &log_dir, rounds).await?);
         print(reports.last().expect("pushed"));
     }
     if wanted("cql-node-kill") || wanted("cql-quorum-loss") || wanted("cql-cluster-restart") {

@@ -355,3 +355,212 @@ fn corrupt_report(
         seconds: started.elapsed().as_secs_f64(),
     }
 }
+
+/// A mount namespace of the scenario's own holding a small tmpfs: the
+/// embedded store's "disk", which the scenario can fill and free without
+/// touching any file system of the host (`unshare -rm`, unprivileged).
+struct SmallDisk {
+    /// `sleep` inside the namespace: its anchor, joined by `nsenter`.
+    holder: std::process::Child,
+    /// Where the tmpfs is mounted (inside the namespace only).
+    mount: std::path::PathBuf,
+}
+
+impl SmallDisk {
+    fn new(mount: &std::path::Path, size_mib: u32) -> anyhow::Result<Self> {
+        use std::io::BufRead;
+        std::fs::create_dir_all(mount)?;
+        let mut holder = std::process::Command::new("unshare")
+            .args(["--user", "--map-root-user", "--mount", "sh", "-c"])
+            .arg(format!(
+                "mount -t tmpfs -o size={size_mib}m idemd-faults \"$1\" && echo ready && exec sleep 86400"
+            ))
+            .arg("sh")
+            .arg(mount)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .context("unshare (util-linux): the full-disk scenario needs unprivileged user and mount namespaces")?;
+        let mut line = String::new();
+        if let Some(stdout) = holder.stdout.take() {
+            std::io::BufReader::new(stdout).read_line(&mut line)?;
+        }
+        if line.trim() != "ready" {
+            let _ = holder.kill();
+            let _ = holder.wait();
+            bail!("mounting a tmpfs in a mount namespace of our own failed");
+        }
+        Ok(Self {
+            holder,
+            mount: mount.to_path_buf(),
+        })
+    }
+
+    /// The command prefix that runs a program inside the namespace.
+    fn nsenter(&self) -> Vec<String> {
+        [
+            "nsenter",
+            "--preserve-credentials",
+            "--user",
+            "--mount",
+            "--target",
+            &self.holder.id().to_string(),
+            "--",
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
+    fn sh(&self, script: &str) -> anyhow::Result<std::process::Output> {
+        let prefix = self.nsenter();
+        Ok(std::process::Command::new(&prefix[0])
+            .args(&prefix[1..])
+            .args(["sh", "-c", script, "sh"])
+            .arg(&self.mount)
+            .stdin(std::process::Stdio::null())
+            .output()?)
+    }
+
+    /// Writes a file until the tmpfs is full; returns the bytes still free
+    /// (0 unless something freed space meanwhile).
+    fn fill(&self) -> anyhow::Result<u64> {
+        // dd stops at ENOSPC (and says so, non-zero): that is the point.
+        self.sh("dd if=/dev/zero of=\"$1/filler\" bs=64k 2>/dev/null; true")?;
+        let df = self.sh("df -k --output=avail \"$1\" | tail -n 1")?;
+        Ok(String::from_utf8_lossy(&df.stdout)
+            .trim()
+            .parse::<u64>()
+            .unwrap_or(u64::MAX)
+            .saturating_mul(1024))
+    }
+
+    fn free(&self) -> anyhow::Result<()> {
+        let output = self.sh("rm -f \"$1/filler\"")?;
+        if !output.status.success() {
+            bail!("freeing the tmpfs failed");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
+    }
+}
+
+/// Claims a fresh key (outside the history): whether a write went through.
+async fn write_probe(address: &str, n: u64) -> bool {
+    let Ok(channel) = workload::channel(address, Duration::from_secs(1)) else {
+        return false;
+    };
+    let mut client = idemd::proto::v1::idempotency_client::IdempotencyClient::new(channel);
+    let key = format!("disk-probe-{}-{n}", std::process::id());
+    client
+        .claim(workload::request(workload::claim_request(&key, &key)))
+        .await
+        .is_ok()
+}
+
+/// The file system of the embedded store fills up under load (a tmpfs of
+/// `size_mib`, filled by another file), stays full for a while, then space
+/// returns, `rounds` times. Writes must fail with a clear status, nothing
+/// acknowledged may be lost, and idemd must serve again once space is
+/// back: by itself, or after a restart when it exited saying what to do.
+pub async fn full_disk(
+    bin: &std::path::Path,
+    load: &Load,
+    log_dir: &std::path::Path,
+    rounds: usize,
+) -> anyhow::Result<Report> {
+    let dir = tempfile::tempdir()?;
+    let disk = SmallDisk::new(&dir.path().join("disk"), 48)?;
+    let server =
+        Server::new(bin, &disk.mount.join("data"), log_dir, Vec::new())?.wrapped(disk.nsenter());
+    let mut run = Run::start_with(vec![server], load, dir).await?;
+    let mut recovery = Vec::new();
+    let mut notes = Vec::new();
+    let mut probes = 0u64;
+    for round in 1..=rounds {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        run.history.phase("full");
+        let left = disk.fill()?;
+        // Under load on a full disk: the log outgrows its file, a
+        // checkpoint needs new pages.
+        let mut exited = None;
+        let full_since = Instant::now();
+        while full_since.elapsed() < Duration::from_secs(3) && exited.is_none() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            exited = run.servers[0].exited()?;
+        }
+        let refused = !write_probe(&run.servers[0].address, probes).await;
+        probes += 1;
+        if exited.is_none() {
+            exited = run.servers[0].exited()?;
+        }
+        disk.free()?;
+        run.history.phase("freed");
+        let freed = Instant::now();
+        match exited {
+            Some(status) => {
+                let log = run.servers[0].log();
+                let message = log
+                    .lines()
+                    .rev()
+                    .find(|line| line.starts_with("idemd:"))
+                    .unwrap_or_default()
+                    .to_string();
+                if status.success()
+                    || !message.contains("Free space")
+                    || log.contains("panicked at")
+                {
+                    run.history.unexpected(format!(
+                        "exited ({status}) on a full disk without saying what to do: {}",
+                        tail(&log)
+                    ));
+                }
+                notes.push(format!(
+                    "round {round}: {left} bytes left; exited ({status}): {message}"
+                ));
+                // What the operator does: space freed, start it again.
+                recovery.push(millis(run.servers[0].start().await?));
+            }
+            None => {
+                let mut resumed = false;
+                while freed.elapsed() < Duration::from_secs(30) {
+                    if write_probe(&run.servers[0].address, probes).await {
+                        resumed = true;
+                        break;
+                    }
+                    probes += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                probes += 1;
+                if !resumed {
+                    run.history.unexpected(format!(
+                        "round {round}: writes did not resume within 30 s of freeing space: {}",
+                        tail(&run.servers[0].log())
+                    ));
+                }
+                notes.push(format!(
+                    "round {round}: {left} bytes left; kept running, writes {} while full, resumed without a restart",
+                    if refused { "refused" } else { "still accepted" }
+                ));
+                recovery.push(millis(freed.elapsed()));
+            }
+        }
+        run.history.phase("load");
+    }
+    let report = run
+        .finish(
+            "full-disk",
+            format!("{rounds} × the store's 48 MiB tmpfs filled under load for 3 s, then freed"),
+            recovery,
+            notes,
+            false,
+        )
+        .await;
+    drop(disk);
+    report
+}

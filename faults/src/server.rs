@@ -29,6 +29,9 @@ pub struct Server {
     child: Option<Child>,
     /// Flags beyond address, data dir and logs (the CQL store's).
     extra: Vec<String>,
+    /// A command the binary runs under (`nsenter` into a mount namespace
+    /// of the scenario's); empty: none.
+    wrapper: Vec<String>,
 }
 
 /// A port nobody listens on now (the kernel's pick, then released).
@@ -53,7 +56,15 @@ impl Server {
             runs: 0,
             child: None,
             extra,
+            wrapper: Vec::new(),
         })
+    }
+
+    /// Runs the binary under `wrapper` (which must exec it, keeping its
+    /// pid, so signals reach idemd itself).
+    pub fn wrapped(mut self, wrapper: Vec<String>) -> Self {
+        self.wrapper = wrapper;
+        self
     }
 
     /// Starts the process and waits until it answers with its store open;
@@ -69,7 +80,15 @@ impl Server {
     pub fn spawn(&mut self) -> anyhow::Result<()> {
         self.runs += 1;
         let log = std::fs::File::create(self.log_path(self.runs))?;
-        let child = Command::new(&self.bin)
+        let mut command = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(&self.bin);
+                command
+            }
+            None => Command::new(&self.bin),
+        };
+        let child = command
             .args(["--listen", &self.address, "--metrics-listen", "off"])
             .args(["--log-format", "json", "--data-dir"])
             .arg(&self.data_dir)
@@ -125,6 +144,18 @@ impl Server {
                 Err(status) => bail!("idemd not ready after 60 s: {status}"),
             }
         }
+    }
+
+    /// The exit status, if the process has exited on its own.
+    pub fn exited(&mut self) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        let Some(child) = self.child.as_mut() else {
+            return Ok(None);
+        };
+        let status = child.try_wait()?;
+        if status.is_some() {
+            self.child = None;
+        }
+        Ok(status)
     }
 
     /// SIGKILL, and waits until the process is gone.

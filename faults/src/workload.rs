@@ -44,7 +44,7 @@ pub fn channel(address: &str, rpc_timeout: Duration) -> anyhow::Result<Channel> 
         .connect_lazy())
 }
 
-fn request<T>(message: T) -> Request<T> {
+pub(crate) fn request<T>(message: T) -> Request<T> {
     let mut request = Request::new(message);
     request
         .metadata_mut()
@@ -61,7 +61,7 @@ fn fingerprint(key: &str) -> Vec<u8> {
     digest.to_vec()
 }
 
-fn claim_request(key: &str, attempt_id: &str) -> pb::ClaimRequest {
+pub(crate) fn claim_request(key: &str, attempt_id: &str) -> pb::ClaimRequest {
     pb::ClaimRequest {
         endpoint: ENDPOINT.to_string(),
         key: key.to_string(),

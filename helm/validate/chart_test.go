@@ -77,6 +77,12 @@ func runHelm(args ...string) (string, string, error) {
 	return stdout.String(), strings.Join(kept, "\n"), err
 }
 
+// dev prepends the one value the chart has no default for, authentication
+// explicitly off, to a test's own values.
+func dev(args ...string) []string {
+	return append([]string{"--set", "auth.allowUnauthenticated=true"}, args...)
+}
+
 func templateArgs(args ...string) []string {
 	return append([]string{"template", "idemd", chartDir, "--namespace", "payments", "--kube-version", kubeVersion}, args...)
 }
@@ -453,7 +459,7 @@ func checkPoliciesToml(t *testing.T, text string) configFile {
 // ---------------------------------------------------------------- scenarios
 
 func TestLint(t *testing.T) {
-	cases := map[string][]string{"no values": nil}
+	cases := map[string][]string{"no values but auth.allowUnauthenticated": dev()}
 	for name, file := range scenarios(t) {
 		cases[name] = []string{"-f", file}
 	}
@@ -473,8 +479,36 @@ func TestScenarios(t *testing.T) {
 	}
 }
 
+// TestDefaultRenderRefusesAuthOff: a plain install would give every pod
+// that reaches the port every tenant's keys; the chart refuses, naming the
+// values that fix it, and marks the explicit opt-out for the server.
+func TestDefaultRenderRefusesAuthOff(t *testing.T) {
+	_, stderr, err := runHelm(templateArgs()...)
+	if err == nil {
+		t.Fatal("the default values rendered with authentication off")
+	}
+	for _, want := range []string{"authentication is off", "auth.existingSecret", "tls.clientTenants", "auth.allowUnauthenticated=true"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("the refusal does not name %q:\n%s", want, stderr)
+		}
+	}
+	env := envOf(serverPod(t, render(t, dev()...)).Spec.Containers[0])
+	if env["IDEMD_ALLOW_UNAUTHENTICATED_REMOTE"].Value != "true" {
+		t.Errorf("auth.allowUnauthenticated=true does not reach the server: %v", env["IDEMD_ALLOW_UNAUTHENTICATED_REMOTE"])
+	}
+	for name, args := range map[string][]string{
+		"tokens": {"--set", "auth.existingSecret=tok"},
+		"mtls":   {"--set", "tls.existingSecret=t", "--set", "tls.clientCA.existingSecret=ca", "--set", "tls.clientTenants.existingConfigMap=m"},
+	} {
+		env := envOf(serverPod(t, render(t, args...)).Spec.Containers[0])
+		if _, ok := env["IDEMD_ALLOW_UNAUTHENTICATED_REMOTE"]; ok {
+			t.Errorf("%s: the opt-out is set with authentication on", name)
+		}
+	}
+}
+
 func TestDefaultsAreCQLWithThreeReplicas(t *testing.T) {
-	docs := render(t)
+	docs := render(t, dev()...)
 	dep := one[*appsv1.Deployment](t, docs)
 	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != 3 {
 		t.Errorf("replicas %v, want 3", dep.Spec.Replicas)
@@ -525,8 +559,8 @@ func TestDefaultsAreCQLWithThreeReplicas(t *testing.T) {
 
 func TestEmbeddedIsOneReplicaWithAPersistentVolume(t *testing.T) {
 	for _, args := range [][]string{
-		{"--set", "store=embedded"},
-		{"--set", "store=embedded", "--set", "replicaCount=1"},
+		dev("--set", "store=embedded"),
+		dev("--set", "store=embedded", "--set", "replicaCount=1"),
 		{"-f", filepath.Join(chartDir, "ci", "embedded-values.yaml")},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
@@ -752,7 +786,7 @@ func TestTLSAndMTLS(t *testing.T) {
 	}
 
 	// Server TLS only: no client CA, no mapping; probes tcpSocket.
-	got, c = files(t, render(t, "--set", "tls.existingSecret=web-tls"))
+	got, c = files(t, render(t, dev("--set", "tls.existingSecret=web-tls")...))
 	if len(got) != 2 || got["IDEMD_TLS_CERT"] != (file{"secret/web-tls", "tls.crt"}) {
 		t.Errorf("server TLS only: %v", got)
 	}
@@ -768,7 +802,7 @@ func TestTLSAndMTLS(t *testing.T) {
 	}
 
 	// Without TLS the probes stay native gRPC and no TLS variable is set.
-	got, c = files(t, render(t))
+	got, c = files(t, render(t, dev()...))
 	if len(got) != 0 || c.ReadinessProbe.GRPC == nil {
 		t.Errorf("TLS off: files %v, readiness %v", got, c.ReadinessProbe)
 	}
@@ -827,18 +861,18 @@ func TestEncryptionKeyring(t *testing.T) {
 	}
 
 	// CQL (the default store), default key.
-	source, key, _ = keyring(t, render(t, "--set", "encryption.existingSecret=keys"))
+	source, key, _ = keyring(t, render(t, dev("--set", "encryption.existingSecret=keys")...))
 	if source != "secret/keys" || key != "keys" {
 		t.Errorf("cql keyring: %s key %s", source, key)
 	}
 
 	// Off by default: no variable, no volume.
-	if source, _, _ := keyring(t, render(t)); source != "" {
+	if source, _, _ := keyring(t, render(t, dev()...)); source != "" {
 		t.Errorf("encryption on by default: %s", source)
 	}
 
 	// The migration job never needs the keyring.
-	for _, job := range find[*batchv1.Job](render(t, "--set", "encryption.existingSecret=keys")) {
+	for _, job := range find[*batchv1.Job](render(t, dev("--set", "encryption.existingSecret=keys")...)) {
 		for _, c := range job.Spec.Template.Spec.Containers {
 			if _, ok := envOf(c)["IDEMD_ENCRYPTION_KEYS"]; ok {
 				t.Errorf("job %s gets the keyring", job.Name)
@@ -849,7 +883,7 @@ func TestEncryptionKeyring(t *testing.T) {
 
 func TestPoliciesChangeRestartsPods(t *testing.T) {
 	checksum := func(args ...string) string {
-		return serverPod(t, render(t, args...)).Annotations["checksum/config"]
+		return serverPod(t, render(t, dev(args...)...)).Annotations["checksum/config"]
 	}
 	base := checksum()
 	if base != checksum() {
@@ -898,7 +932,7 @@ func TestPrometheusRuleIsDeployPrometheus(t *testing.T) {
 		}
 	}
 	rules, alerts := readRuleFile(t, "idemd.rules.yml"), readRuleFile(t, "idemd.alerts.yml")
-	docs := render(t, "--set", "metrics.prometheusRule.enabled=true")
+	docs := render(t, dev("--set", "metrics.prometheusRule.enabled=true")...)
 	pr := one[*monitoringv1.PrometheusRule](t, docs)
 	rendered := map[string]int{}
 	for _, g := range pr.Spec.Groups {
@@ -997,7 +1031,7 @@ var metricConst = regexp.MustCompile(`"(idemd_[a-z0-9_]+)"`)
 var metricUse = regexp.MustCompile(`\bidemd_[a-z0-9_]+\b`)
 
 func TestGrafanaDashboard(t *testing.T) {
-	docs := render(t, "--set", "grafana.dashboard.enabled=true")
+	docs := render(t, dev("--set", "grafana.dashboard.enabled=true")...)
 	var text string
 	for _, cm := range find[*corev1.ConfigMap](docs) {
 		if v, ok := cm.Data["idemd.json"]; ok {
@@ -1125,6 +1159,8 @@ func TestRefusedCombinations(t *testing.T) {
 		"client CA without TLS":         {[]string{"--set", "tls.clientCA.existingSecret=ca", "--set", "auth.existingSecret=tok"}, "tls.clientCA needs tls.existingSecret"},
 		"client tenants without CA":     {[]string{"--set", "tls.existingSecret=t", "--set", "tls.clientTenants.existingConfigMap=m"}, "tls.clientTenants needs tls.clientCA.existingSecret"},
 		"client CA naming no tenant":    {[]string{"--set", "tls.existingSecret=t", "--set", "tls.clientCA.existingSecret=ca"}, "name no tenant"},
+		"auth off by default":           {nil, "auth.allowUnauthenticated=true"},
+		"auth off and tokens":           {[]string{"--set", "auth.existingSecret=tok", "--set", "auth.allowUnauthenticated=true"}, "only applies with authentication off"},
 		"tenants from two sources":      {[]string{"--set", "tls.existingSecret=t", "--set", "tls.clientCA.existingSecret=ca", "--set", "tls.clientTenants.existingConfigMap=m", "--set", "tls.clientTenants.existingSecret=s"}, "set only one of tls.clientTenants"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -1192,7 +1228,7 @@ func TestNotes(t *testing.T) {
 				t.Errorf("NOTES of a TLS release suggest plaintext:\n%s", notes)
 			}
 			authOff := strings.Contains(notes, "authentication is OFF")
-			hasAuth := name == "embedded" || name == "cql-full" || name == "mtls"
+			hasAuth := name != "default"
 			if authOff == hasAuth {
 				t.Errorf("auth warning shown=%v for a release with auth=%v", authOff, hasAuth)
 			}

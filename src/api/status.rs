@@ -17,13 +17,14 @@
 //! | auth: no/unknown token  | `UNAUTHENTICATED`     |                                          |
 //! | auth: client cert unmapped, or token and cert tenants differ | `UNAUTHENTICATED` |               |
 //! | auth: role or endpoint  | `PERMISSION_DENIED`   | ErrorInfo `ROLE_NOT_ALLOWED` / `ENDPOINT_NOT_ALLOWED` |
+//! | auth off, remote caller (protected mode) | `PERMISSION_DENIED` | ErrorInfo `UNAUTHENTICATED_REMOTE_REFUSED`, metadata `flag`; why not `UNAUTHENTICATED`: see [`crate::auth`] |
 
 use std::collections::HashMap;
 
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::auth::AuthError;
+use crate::auth::{ALLOW_REMOTE_FLAG, AuthError};
 use crate::engine::EngineError;
 use crate::store::StoreError;
 
@@ -132,6 +133,15 @@ pub fn auth_status(error: AuthError) -> Status {
             Code::PermissionDenied,
             error.to_string(),
             "ENDPOINT_NOT_ALLOWED",
+        ),
+        AuthError::RemoteWithoutAuthentication { .. } => Status::with_error_details(
+            Code::PermissionDenied,
+            error.to_string(),
+            ErrorDetails::with_error_info(
+                "UNAUTHENTICATED_REMOTE_REFUSED",
+                ERROR_DOMAIN,
+                HashMap::from([("flag".to_string(), ALLOW_REMOTE_FLAG.to_string())]),
+            ),
         ),
     }
 }

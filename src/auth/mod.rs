@@ -24,10 +24,12 @@
 //!   certificate. With both a mapping and a tokens file, a call must carry
 //!   both credentials, they must name the same tenant, and it gets the lesser
 //!   role and only the endpoints both allow.
-//! * Without either, auth is off (a warning is logged at start), every
-//!   caller is `admin`, and the tenant is the `x-tenant-id` metadata, or
-//!   `default`. For development and trusted networks only. Whenever tokens
-//!   or a certificate mapping are on, `x-tenant-id` is never read.
+//! * Without either, auth is off, every caller is `admin`, and the tenant
+//!   is the `x-tenant-id` metadata, or `default`. Whenever tokens or a
+//!   certificate mapping are on, `x-tenant-id` is never read. Such a server
+//!   answers loopback callers only unless told otherwise (protected mode,
+//!   `auth/protected.rs`).
+//!
 //!
 //! The tenant is never taken from a request field.
 //!
@@ -35,8 +37,10 @@
 //! a file that fails to parse keeps the previous table in force.
 
 pub mod client_cert;
+mod protected;
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
@@ -46,6 +50,7 @@ use tonic::metadata::MetadataMap;
 use crate::engine::validate;
 use crate::reload;
 use client_cert::ClientTenants;
+pub use protected::{Access, is_loopback};
 
 /// Metadata key of the tenant when auth is off.
 pub const TENANT_HEADER: &str = "x-tenant-id";
@@ -57,6 +62,10 @@ pub const TENANT_HEADER: &str = "x-tenant-id";
 /// gRPC handlers, so mTLS callers are mapped to tenants by the same code.
 #[derive(Debug, Clone)]
 pub struct PeerCertificates(pub Arc<Vec<rustls::pki_types::CertificateDer<'static>>>);
+
+/// The flag that lets a server with auth off answer remote callers; named
+/// by every protected-mode refusal.
+pub const ALLOW_REMOTE_FLAG: &str = "--allow-unauthenticated-remote";
 
 /// Tenant used when auth is off and no header is sent.
 pub const DEFAULT_TENANT: &str = "default";
@@ -224,6 +233,16 @@ pub enum AuthError {
     /// The token and the client certificate name different tenants.
     #[error("the token and the client certificate belong to different tenants")]
     TenantMismatch,
+    /// Auth is off and the caller is not on the server's machine
+    /// (protected mode).
+    #[error(
+        "authentication is off and this server answers loopback callers only (protected mode); {who} is not loopback: configure --auth-tokens or --tls-client-tenants, or start idemd with {ALLOW_REMOTE_FLAG} (IDEMD_ALLOW_UNAUTHENTICATED_REMOTE=true) if unauthenticated remote callers are intended",
+        who = protected::describe_peer(.peer)
+    )]
+    RemoteWithoutAuthentication {
+        /// The caller's address, when known.
+        peer: Option<SocketAddr>,
+    },
 }
 
 /// A problem in the tokens file, with its line number.
@@ -307,15 +326,19 @@ pub struct Authenticator {
     path: Option<PathBuf>,
     /// mTLS: client-certificate SAN → caller.
     certs: Option<ClientTenants>,
+    /// With auth off: serve non-loopback callers too (protected mode off).
+    allow_remote: bool,
 }
 
 impl Authenticator {
-    /// Auth off: tenant from `x-tenant-id`.
+    /// Auth off: tenant from `x-tenant-id`, loopback callers only until
+    /// [`Self::allowing_unauthenticated_remote`].
     pub fn disabled() -> Self {
         Self {
             tokens: None,
             path: None,
             certs: None,
+            allow_remote: false,
         }
     }
 
@@ -326,6 +349,7 @@ impl Authenticator {
             tokens: Some(Arc::new(RwLock::new(table))),
             path: Some(path.to_path_buf()),
             certs: None,
+            allow_remote: false,
         })
     }
 
@@ -340,8 +364,9 @@ impl Authenticator {
         self.tokens.is_some() || self.certs.is_some()
     }
 
-    /// The caller of a request: its metadata and, over mTLS, its verified
-    /// client certificate.
+    /// The caller of a request: its metadata, its peer address (tonic's
+    /// connection info, which the front doors fill in too) and, over mTLS,
+    /// its verified client certificate.
     pub fn authenticate_request<T>(
         &self,
         request: &tonic::Request<T>,
@@ -352,21 +377,20 @@ impl Authenticator {
                 .get::<PeerCertificates>()
                 .map(|certs| Arc::clone(&certs.0))
         });
-        self.authenticate_with(request.metadata(), certs.as_deref().map(Vec::as_slice))
-    }
-
-    /// The caller of a request with this metadata (and no client
-    /// certificate).
-    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Caller, AuthError> {
-        self.authenticate_with(metadata, None)
+        self.authenticate_with(
+            request.metadata(),
+            certs.as_deref().map(Vec::as_slice),
+            request.remote_addr(),
+        )
     }
 
     /// The caller of a request with this metadata and client certificate
-    /// chain (leaf first).
+    /// chain (leaf first), from `peer`.
     pub fn authenticate_with(
         &self,
         metadata: &MetadataMap,
         peer_certs: Option<&[rustls::pki_types::CertificateDer<'_>]>,
+        peer: Option<SocketAddr>,
     ) -> Result<Caller, AuthError> {
         let from_cert = match &self.certs {
             Some(certs) => Some(certs.caller(peer_certs)?),
@@ -379,7 +403,10 @@ impl Authenticator {
         match (from_token, from_cert) {
             (Some(token), Some(cert)) => token.narrowed(&cert),
             (Some(caller), None) | (None, Some(caller)) => Ok(caller),
-            (None, None) => Self::header_caller(metadata),
+            (None, None) => {
+                self.admit_peer(peer)?;
+                Self::header_caller(metadata)
+            }
         }
     }
 

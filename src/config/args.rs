@@ -9,10 +9,10 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use super::{
-    ConfigError, DEFAULT_CACHE_BYTES, DEFAULT_CLAIM_BURST, DEFAULT_CLAIM_RATE, DEFAULT_DATA_DIR,
-    DEFAULT_DRAIN_TIMEOUT, DEFAULT_LISTEN, DEFAULT_LOG, DEFAULT_MAX_IN_FLIGHT,
-    DEFAULT_METRICS_LISTEN, DEFAULT_METRICS_MAX_LABELS, DEFAULT_PROXY_LISTEN,
-    DEFAULT_SWEEP_INTERVAL,
+    ConfigError, DEFAULT_ALLOW_UNAUTHENTICATED_REMOTE, DEFAULT_CACHE_BYTES, DEFAULT_CLAIM_BURST,
+    DEFAULT_CLAIM_RATE, DEFAULT_DATA_DIR, DEFAULT_DRAIN_TIMEOUT, DEFAULT_LISTEN, DEFAULT_LOG,
+    DEFAULT_MAX_IN_FLIGHT, DEFAULT_METRICS_LISTEN, DEFAULT_METRICS_MAX_LABELS,
+    DEFAULT_PROXY_LISTEN, DEFAULT_SWEEP_INTERVAL,
 };
 use crate::store::cql::{self, CqlConsistency, CqlOptions};
 use crate::store::embedded;
@@ -428,6 +428,20 @@ pub struct ServerArgs {
     /// is off and the tenant comes from `x-tenant-id`.
     #[arg(long, env = "IDEMD_AUTH_TOKENS")]
     pub auth_tokens: Option<PathBuf>,
+    /// With authentication off, also serve callers from non-loopback
+    /// addresses (any of them picks its tenant with `x-tenant-id`). Without
+    /// it such a server answers only loopback callers; others get
+    /// PERMISSION_DENIED (HTTP 403) naming this flag.
+    #[arg(
+        long,
+        env = "IDEMD_ALLOW_UNAUTHENTICATED_REMOTE",
+        default_value_t = DEFAULT_ALLOW_UNAUTHENTICATED_REMOTE,
+        value_parser = clap::builder::BoolishValueParser::new(),
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub allow_unauthenticated_remote: bool,
     /// TOML file with default and per-endpoint policies.
     #[arg(long, env = "IDEMD_CONFIG")]
     pub config: Option<PathBuf>,

@@ -31,6 +31,7 @@
 //! max_response_bytes = 262144   # cap on a stored response
 //! ignore_fields = []            # JSON Pointers dropped before fingerprinting
 //! on_expired_lease = "reconcile" # or "takeover"
+//! max_clock_skew = "100ms"      # takeover waits this long past expiry
 //! audit = false                 # append every transition to the audit log
 //!
 //! [endpoints."POST /v1/payments"] # overrides, inheriting from [defaults]
@@ -69,6 +70,12 @@ pub const MAX_WAIT_LIMIT: Duration = Duration::from_secs(60);
 /// requests stays under 64 MiB resident (docs/benchmarks.md, P5). Replays of
 /// keys that fall out of the cache are read from the store, not lost.
 pub const DEFAULT_CACHE_BYTES: usize = 8 * 1024 * 1024;
+
+/// Default of `--allow-unauthenticated-remote`: off, so that a server
+/// started without credentials (`cargo run`, a bare `idemd serve`) answers
+/// only callers on its own machine, whatever address it listens on (see
+/// [`crate::auth`], "protected mode").
+pub const DEFAULT_ALLOW_UNAUTHENTICATED_REMOTE: bool = false;
 
 /// Default gRPC listen address.
 pub const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
@@ -209,6 +216,10 @@ pub struct Settings {
     pub data_dir: PathBuf,
     /// Tokens file; `None` = auth off.
     pub auth_tokens: Option<PathBuf>,
+    /// With auth off, whether callers from non-loopback addresses are
+    /// served: an explicit opt-out of protected mode, because without
+    /// credentials any caller that reaches the port picks its tenant.
+    pub allow_unauthenticated_remote: bool,
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter.
@@ -249,6 +260,7 @@ impl Settings {
             proxy: None,
             data_dir: data_dir.into(),
             auth_tokens: None,
+            allow_unauthenticated_remote: DEFAULT_ALLOW_UNAUTHENTICATED_REMOTE,
             log_format: LogFormat::Human,
             log: DEFAULT_LOG.to_string(),
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
@@ -324,6 +336,7 @@ impl Settings {
             proxy: None,
             data_dir: args.data_dir.clone(),
             auth_tokens: args.auth_tokens.clone(),
+            allow_unauthenticated_remote: args.allow_unauthenticated_remote,
             log_format: args.log_format,
             log: args.log.clone(),
             drain_timeout: args.drain_timeout.into(),
@@ -352,6 +365,16 @@ impl Settings {
             reload_interval: args.reload_interval.into(),
         };
         Ok(settings)
+    }
+
+    /// Whether callers must present credentials (a tokens file or a
+    /// client-certificate mapping); otherwise auth is off.
+    pub fn authentication_configured(&self) -> bool {
+        self.auth_tokens.is_some()
+            || self
+                .tls
+                .as_ref()
+                .is_some_and(|tls| tls.client_tenants.is_some())
     }
 
     /// Checks every setting; the error names the first bad one.
@@ -394,6 +417,14 @@ impl Settings {
                     "without --tls-client-tenants or --auth-tokens client certificates would be verified but name no tenant; add a mapping, a tokens file, or both",
                 ));
             }
+        }
+        if self.allow_unauthenticated_remote && self.authentication_configured() {
+            // Harmless today, dangerous later: removing the credentials would
+            // silently open the port to every remote caller.
+            return Err(ConfigError::new(
+                "allow_unauthenticated_remote",
+                "only applies with authentication off; remove it when --auth-tokens or --tls-client-tenants is set",
+            ));
         }
         if let StoreSettings::Cql(options) = &self.store {
             options
@@ -473,6 +504,35 @@ mod tests {
         assert!(err.description.contains("leese"), "{err}");
         let err = settings_with("[defaults]\nmax_response_bytes = 0\n").expect_err("zero");
         assert_eq!(err.field, "defaults.max_response_bytes");
+        let err = settings_with("[endpoints.\"POST /x\"]\nmax_clock_skew = \"2m\"\n")
+            .expect_err("skew over the limit");
+        assert_eq!(err.field, "endpoints.\"POST /x\".max_clock_skew");
+        let settings = settings_with("[defaults]\nmax_clock_skew = \"2s\"\n").expect("valid");
+        assert_eq!(
+            settings.policies.for_endpoint("any").max_clock_skew,
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            Settings::for_data_dir("unused")
+                .policies
+                .default
+                .max_clock_skew,
+            crate::engine::DEFAULT_MAX_CLOCK_SKEW
+        );
+    }
+
+    #[test]
+    fn unauthenticated_remote_only_with_auth_off() {
+        let mut settings = Settings::for_data_dir("unused");
+        assert!(
+            !settings.allow_unauthenticated_remote,
+            "protected mode is the default"
+        );
+        settings.allow_unauthenticated_remote = true;
+        settings.validate().expect("auth off: the opt-out applies");
+        settings.auth_tokens = Some(PathBuf::from("tokens"));
+        let err = settings.validate().expect_err("with a tokens file");
+        assert_eq!(err.field, "allow_unauthenticated_remote");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{ConfigError, MAX_RESPONSE_BYTES_LIMIT, MAX_WAIT_LIMIT};
-use crate::engine::{ExpiredLeasePolicy, Policy, PolicySet};
+use crate::engine::{ExpiredLeasePolicy, MAX_CLOCK_SKEW_LIMIT, Policy, PolicySet};
 use crate::fingerprint;
 
 pub(super) fn validate_policy(prefix: &str, policy: &Policy) -> Result<(), ConfigError> {
@@ -30,6 +30,16 @@ pub(super) fn validate_policy(prefix: &str, policy: &Policy) -> Result<(), Confi
                 "{} exceeds max_ttl {}",
                 show(policy.ttl),
                 show(policy.max_ttl)
+            ),
+        ));
+    }
+    if policy.max_clock_skew > MAX_CLOCK_SKEW_LIMIT {
+        return Err(ConfigError::new(
+            field("max_clock_skew"),
+            format!(
+                "{} exceeds {}: synchronise the replicas' clocks (NTP) instead",
+                show(policy.max_clock_skew),
+                show(MAX_CLOCK_SKEW_LIMIT)
             ),
         ));
     }
@@ -72,6 +82,8 @@ struct PolicyFile {
     max_response_bytes: Option<usize>,
     ignore_fields: Option<Vec<String>>,
     on_expired_lease: Option<ExpiredLeasePolicy>,
+    #[serde(default, with = "humantime_serde")]
+    max_clock_skew: Option<Duration>,
     audit: Option<bool>,
 }
 
@@ -88,6 +100,7 @@ impl PolicyFile {
                 .clone()
                 .unwrap_or_else(|| base.ignore_fields.clone()),
             on_expired_lease: self.on_expired_lease.unwrap_or(base.on_expired_lease),
+            max_clock_skew: self.max_clock_skew.unwrap_or(base.max_clock_skew),
             audit: self.audit.unwrap_or(base.audit),
         }
     }

@@ -117,9 +117,11 @@ impl Engine {
                 return Ok(outcome);
             }
             // Wake at the latest when the holder's lease runs out (the answer
-            // changes then), at the next poll, or at the deadline.
+            // changes then, after the skew margin under takeover), at the
+            // next poll, or at the deadline.
             let lease_left = Duration::from_millis(
                 lease_expires_at_ms
+                    .saturating_add(request.skew_margin_ms())
                     .saturating_sub(self.now())
                     .max(1)
                     .unsigned_abs(),
@@ -247,13 +249,13 @@ impl Engine {
                 state: existing.state,
                 reason: existing.reason.clone(),
             }),
-            RecordState::InProgress if now < existing.lease_expires_at_ms => {
+            RecordState::InProgress if now < request.takeover_at(existing) => {
                 if !request.attempt_id.is_empty() && existing.attempt_id == request.attempt_id {
                     // The same Claim call, retried after a lost response.
                     return Decision::Answer(ClaimOutcome::Claimed(lease_of(existing)));
                 }
                 let remaining = Duration::from_millis(
-                    (existing.lease_expires_at_ms - now).max(1).unsigned_abs(),
+                    (request.takeover_at(existing) - now).max(1).unsigned_abs(),
                 );
                 Decision::Answer(ClaimOutcome::InProgress {
                     retry_after: RETRY_AFTER_HINT.min(remaining),
@@ -342,6 +344,24 @@ struct ClaimRequest<'a> {
 }
 
 impl ClaimRequest<'_> {
+    /// How long past a lease's expiry, by this replica's clock, the lease
+    /// still counts as held: the policy's `max_clock_skew` under takeover
+    /// (the holder's replica may be that far behind), nothing under
+    /// reconcile (reporting a key pending takes nothing from its holder).
+    fn skew_margin_ms(&self) -> i64 {
+        match self.policy.on_expired_lease {
+            ExpiredLeasePolicy::Takeover => ms(self.policy.max_clock_skew),
+            ExpiredLeasePolicy::Reconcile => 0,
+        }
+    }
+
+    /// When this replica may act on `existing`'s lease as expired.
+    fn takeover_at(&self, existing: &Record) -> i64 {
+        existing
+            .lease_expires_at_ms
+            .saturating_add(self.skew_margin_ms())
+    }
+
     fn new_record(&self, now: i64, attempt: u32) -> Record {
         let expires_at_ms = now.saturating_add(ms(self.ttl));
         Record {

@@ -64,7 +64,9 @@ use crate::store::{Record, RecordKey, Store};
 
 pub use error::{EngineError, EngineResult, PreconditionReason};
 pub use limits::ClaimLimiter;
-pub use policy::{ExpiredLeasePolicy, Policy, PolicySet};
+pub use policy::{
+    DEFAULT_MAX_CLOCK_SKEW, ExpiredLeasePolicy, MAX_CLOCK_SKEW_LIMIT, Policy, PolicySet,
+};
 pub use types::{
     AuditRequest, ClaimInput, ClaimOutcome, ClaimResult, Disposition, FingerprintInput, Lease,
     PendingInput, PendingSummary, ReconcileResult, Verdict,

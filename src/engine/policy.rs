@@ -17,6 +17,15 @@ pub enum ExpiredLeasePolicy {
     Takeover,
 }
 
+/// Default [`Policy::max_clock_skew`]: ten times what NTP keeps between
+/// machines of one network (a few ms; cloud time services under 1 ms), and
+/// small against any lease: a takeover waits this much longer.
+pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_millis(100);
+
+/// Largest [`Policy::max_clock_skew`] accepted: clocks further apart than
+/// this need fixing, not a longer wait.
+pub const MAX_CLOCK_SKEW_LIMIT: Duration = Duration::from_secs(60);
+
 /// The effective policy of one endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
@@ -35,6 +44,12 @@ pub struct Policy {
     pub ignore_fields: Vec<String>,
     /// What to do with an expired lease.
     pub on_expired_lease: ExpiredLeasePolicy,
+    /// The largest difference between two replicas' clocks that leases
+    /// must tolerate: a lease is judged expired by the replica that reads
+    /// it, on its own clock, so with `takeover` a replica whose clock runs
+    /// ahead would hand a second caller a lease its holder still has. A
+    /// lease is taken over only once it has been expired this long here.
+    pub max_clock_skew: Duration,
     /// Append every transition of this endpoint's keys to the audit log.
     pub audit: bool,
 }
@@ -49,6 +64,7 @@ impl Default for Policy {
             max_response_bytes: 256 * 1024,
             ignore_fields: Vec::new(),
             on_expired_lease: ExpiredLeasePolicy::Reconcile,
+            max_clock_skew: DEFAULT_MAX_CLOCK_SKEW,
             audit: false,
         }
     }

@@ -21,9 +21,8 @@ struct Harness {
     store: Arc<MemoryStore>,
 }
 
-fn harness() -> Harness {
-    let clock = ManualClock::new(1_800_000_000_000);
-    let store = Arc::new(MemoryStore::new());
+/// The default policies, and takeover on [`TAKEOVER`].
+fn policies() -> PolicySet {
     let mut policies = PolicySet::default();
     policies.endpoints.insert(
         TAKEOVER.to_string(),
@@ -32,10 +31,16 @@ fn harness() -> Harness {
             ..Policy::default()
         },
     );
+    policies
+}
+
+fn harness() -> Harness {
+    let clock = ManualClock::new(1_800_000_000_000);
+    let store = Arc::new(MemoryStore::new());
     let engine = Engine::new(
         store.clone(),
         Arc::new(clock.clone()),
-        Arc::new(policies),
+        Arc::new(policies()),
         1024 * 1024,
     );
     Harness {
@@ -286,6 +291,62 @@ async fn a_duplicate_during_the_lease_is_in_progress_unless_it_is_the_same_attem
     }
     // The same Claim call retried after a lost answer gets its lease back.
     assert_eq!(h.claimed(first).await, lease);
+}
+
+/// Clock skew between replicas (issue 29). A lease is judged expired by
+/// the replica that reads it, on its own clock: a replica whose clock runs
+/// ahead of the holder's sees a live lease as expired. Within the policy's
+/// `max_clock_skew` (default 100 ms) it must not take the key over; past
+/// it, takeover works as before.
+#[tokio::test]
+async fn a_replica_whose_clock_runs_ahead_does_not_take_over_a_live_lease() {
+    let h = harness();
+    // A second replica over the same store, its clock 80 ms ahead.
+    let ahead = ManualClock::new(h.clock.now_ms() + 80);
+    let replica = Engine::new(
+        h.store.clone(),
+        Arc::new(ahead.clone()),
+        Arc::new(policies()),
+        1024 * 1024,
+    );
+    let held = h.claimed(input(TAKEOVER, "k", "{}")).await;
+    // 9.95 s into the 10 s lease: the holder has 50 ms left; by the other
+    // replica's clock the lease ran out 30 ms ago.
+    h.clock.advance(Duration::from_millis(9_950));
+    ahead.advance(Duration::from_millis(9_950));
+    let answer = replica
+        .claim(TENANT, input(TAKEOVER, "k", "{}"))
+        .await
+        .expect("claim")
+        .outcome;
+    match answer {
+        ClaimOutcome::InProgress { retry_after, .. } => assert!(
+            retry_after <= Duration::from_millis(70),
+            "retry once the margin has passed: {retry_after:?}"
+        ),
+        other => panic!("a live lease was handed out again: {other:?}"),
+    }
+    h.complete(TAKEOVER, "k", &held.lease_token, "once")
+        .await
+        .expect("the holder completes on its own lease");
+
+    // Past expiry + max_clock_skew on the reading replica's clock, the
+    // expired lease is taken over.
+    let stale = h.claimed(input(TAKEOVER, "k2", "{}")).await;
+    // Expired 50 ms ago by the holder's clock, 130 ms by the other's.
+    h.clock.advance(Duration::from_millis(10_050));
+    ahead.advance(Duration::from_millis(10_050));
+    let taken = match replica
+        .claim(TENANT, input(TAKEOVER, "k2", "{}"))
+        .await
+        .expect("claim")
+        .outcome
+    {
+        ClaimOutcome::Claimed(lease) => lease,
+        other => panic!("expected a takeover, got {other:?}"),
+    };
+    assert_eq!(taken.attempt, 2);
+    assert_ne!(taken.lease_token, stale.lease_token);
 }
 
 #[tokio::test]

@@ -22,8 +22,8 @@ use crate::api::IdempotencyService;
 use crate::audit::AuditLog;
 use crate::audit::cql::CqlAuditLog;
 use crate::audit::embedded::EmbeddedAuditLog;
-use crate::auth::Authenticator;
 use crate::auth::client_cert::{ClientTenants, MappingFileError};
+use crate::auth::{Access, Authenticator};
 use crate::clock::SharedClock;
 use crate::config::{Settings, StoreSettings};
 use crate::crypto::Keyring;
@@ -36,7 +36,7 @@ use crate::store::cql::CqlStore;
 use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::store::instrumented::InstrumentedStore;
 use crate::tls::TlsServer;
-use crate::web::ConnectionCerts;
+use crate::web::Connection;
 use slot::EngineSlot;
 
 mod slot;
@@ -179,10 +179,17 @@ fn authenticator(
     if let Some(client_tenants) = &client_tenants {
         auth = auth.with_client_tenants(client_tenants.clone());
     }
-    if !auth.is_enabled() {
-        tracing::warn!(
-            "authentication is off (no --auth-tokens or --tls-client-tenants): the tenant comes from the x-tenant-id header; do not expose this port"
-        );
+    let auth = auth.allowing_unauthenticated_remote(settings.allow_unauthenticated_remote);
+    match auth.access() {
+        Access::Credentials => {}
+        Access::LoopbackOnly => tracing::info!(
+            access = Access::LoopbackOnly.as_str(),
+            "authentication is off (no --auth-tokens or --tls-client-tenants): protected mode, serving loopback callers only; callers from other addresses get PERMISSION_DENIED (set --allow-unauthenticated-remote to serve them without authentication)"
+        ),
+        Access::UnauthenticatedRemote => tracing::warn!(
+            access = Access::UnauthenticatedRemote.as_str(),
+            "AUTHENTICATION IS OFF AND REMOTE CALLERS ARE SERVED (--allow-unauthenticated-remote): any caller that reaches a port picks its tenant with x-tenant-id and can read, claim or release every tenant's keys; use only on a network you trust"
+        ),
     }
     Ok((auth, client_tenants))
 }
@@ -431,27 +438,29 @@ where
     }
     if let Some((listener, _)) = http_listener {
         let services = slot.clone();
-        let handler = move |request: HttpRequest, certs: ConnectionCerts| {
+        let handler = move |request: HttpRequest, connection: Connection| {
             let services = services.clone();
-            async move { crate::web::api::handle(&services, request, &certs).await }
+            async move { crate::web::api::handle(&services, request, &connection).await }
         };
         let shutdown = drain_rx.clone();
         let tls = tls.clone();
+        let auth = auth.clone();
         serving.spawn(async move {
-            crate::web::serve::serve(listener, tls, shutdown, handler).await;
+            crate::web::serve::serve(listener, tls, shutdown, auth, handler).await;
             Ok(())
         });
     }
     if let (Some((listener, _)), Some(proxy)) = (proxy_listener, &settings.proxy) {
         let proxy = crate::web::proxy::Proxy::new(slot.clone(), proxy)?;
-        let handler = move |request: HttpRequest, certs: ConnectionCerts| {
+        let handler = move |request: HttpRequest, connection: Connection| {
             let proxy = proxy.clone();
-            async move { proxy.handle(request, certs).await }
+            async move { proxy.handle(request, connection).await }
         };
         let shutdown = drain_rx.clone();
         let tls = tls.clone();
+        let auth = auth.clone();
         serving.spawn(async move {
-            crate::web::serve::serve(listener, tls, shutdown, handler).await;
+            crate::web::serve::serve(listener, tls, shutdown, auth, handler).await;
             Ok(())
         });
     }
@@ -502,6 +511,7 @@ where
         proxy = %show(proxy_addr),
         store = store.backend_name(),
         auth = auth.is_enabled(),
+        access = auth.access().as_str(),
         audit = audit.is_some(),
         traces = crate::telemetry::enabled(),
         "idemd serving"

@@ -28,7 +28,7 @@ use hyper::body::Incoming;
 
 use super::problem::Problem;
 use super::serve::{Body, boxed, full};
-use super::{ConnectionCerts, Services, grpc_request, read_body};
+use super::{Connection, Services, grpc_request, read_body};
 use crate::proto::json::{self, JsonError};
 use crate::proto::v1 as pb;
 use crate::proto::v1::audit_server::Audit;
@@ -77,13 +77,13 @@ macro_rules! api {
             path: &str,
             body: &[u8],
             headers: &http::HeaderMap,
-            certs: &ConnectionCerts,
+            connection: &Connection,
         ) -> Result<Vec<u8>, Problem> {
             match path {
                 $($path => {
                     let message: pb::$request =
                         from_json(concat!("idemd.v1.", stringify!($request)), body)?;
-                    let request = grpc_request(message, headers, &header::AUTHORIZATION, certs);
+                    let request = grpc_request(message, headers, &header::AUTHORIZATION, connection);
                     let response = <S as $service>::$method(services, request)
                         .await
                         .map_err(|status| Problem::from_status(&status))?;
@@ -110,9 +110,9 @@ api! {
 pub async fn handle<S: Services>(
     services: &S,
     request: http::Request<Incoming>,
-    certs: &ConnectionCerts,
+    connection: &Connection,
 ) -> http::Response<Body> {
-    match dispatch(services, request, certs).await {
+    match dispatch(services, request, connection).await {
         Ok(json) => {
             let mut response = http::Response::new(full(json));
             response.headers_mut().insert(
@@ -128,7 +128,7 @@ pub async fn handle<S: Services>(
 async fn dispatch<S: Services>(
     services: &S,
     request: http::Request<Incoming>,
-    certs: &ConnectionCerts,
+    connection: &Connection,
 ) -> Result<Vec<u8>, Problem> {
     let (parts, body) = request.into_parts();
     let path = parts.uri.path().to_string();
@@ -169,5 +169,5 @@ async fn dispatch<S: Services>(
         }
     }
     let body = read_body(body, MAX_JSON_BODY_BYTES).await?;
-    call(services, &path, &body, &parts.headers, certs).await
+    call(services, &path, &body, &parts.headers, connection).await
 }

@@ -25,6 +25,7 @@ pub mod problem;
 pub mod proxy;
 pub mod serve;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http_body_util::{BodyExt, Limited};
@@ -57,16 +58,28 @@ const FORWARDED_METADATA: [&str; 3] = [crate::auth::TENANT_HEADER, "traceparent"
 /// The verified client certificate chain of a connection, if any.
 pub type ConnectionCerts = Option<Arc<Vec<rustls::pki_types::CertificateDer<'static>>>>;
 
+/// What the front doors know of a connection, and hand to the gRPC
+/// handlers with each call.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    /// The caller's address: with auth off, protected mode
+    /// ([`crate::auth`]) admits loopback callers only.
+    pub peer: SocketAddr,
+    /// The verified client certificate chain, over mTLS.
+    pub certs: ConnectionCerts,
+}
+
 /// A `tonic::Request` carrying `message` and the caller's credentials and
 /// trace context from `headers`: the `authorization` metadata is the value
 /// of `token_header` (the proxy may take the token from a header of its own
 /// so the upstream's `Authorization` stays the application's), and the
-/// connection's client certificates go into the extensions.
+/// connection's peer address and client certificates go into the
+/// extensions, where tonic's transport would have put them.
 pub fn grpc_request<T>(
     message: T,
     headers: &http::HeaderMap,
     token_header: &http::HeaderName,
-    certs: &ConnectionCerts,
+    connection: &Connection,
 ) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     let metadata = request.metadata_mut();
@@ -82,7 +95,13 @@ pub fn grpc_request<T>(
     for name in FORWARDED_METADATA {
         copy(metadata, name, name);
     }
-    if let Some(certs) = certs {
+    request
+        .extensions_mut()
+        .insert(tonic::transport::server::TcpConnectInfo {
+            local_addr: None,
+            remote_addr: Some(connection.peer),
+        });
+    if let Some(certs) = &connection.certs {
         request
             .extensions_mut()
             .insert(PeerCertificates(Arc::clone(certs)));

@@ -3,6 +3,11 @@
 //! same certificates, client CA and reloading apply), until shutdown; then
 //! every open connection finishes its request in progress and closes.
 //!
+//! Protected mode ([`crate::auth`]) is decided here, once per connection:
+//! with auth off, every request of a non-loopback caller is answered `403`
+//! without reaching the handler, so the proxy forwards nothing upstream for
+//! it either.
+//!
 //! HTTP/1.1 only: it is what curl, load generators, reverse proxies and
 //! every HTTP client library speak by default, and the proxy's upstream is
 //! one too; HTTP/2 callers have the gRPC port.
@@ -22,7 +27,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::StreamExt;
 
-use super::ConnectionCerts;
+use super::problem::Problem;
+use super::{Connection, ConnectionCerts};
+use crate::auth::Authenticator;
 use crate::tls::TlsServer;
 
 /// Error type of response bodies (an upstream body can fail mid-stream).
@@ -45,24 +52,26 @@ pub fn boxed(response: http::Response<http_body_util::Full<Bytes>>) -> http::Res
 
 /// Serves `handler` on `listener` until `shutdown` turns true, then waits
 /// for the connections' requests in progress (the server bounds that wait
-/// by its drain timeout).
+/// by its drain timeout). `auth` decides which peers are served at all.
 pub async fn serve<H, F>(
     listener: TcpListener,
     tls: Option<TlsServer>,
     mut shutdown: watch::Receiver<bool>,
+    auth: Authenticator,
     handler: H,
 ) where
-    H: Fn(http::Request<Incoming>, ConnectionCerts) -> F + Clone + Send + Sync + 'static,
+    H: Fn(http::Request<Incoming>, Connection) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = http::Response<Body>> + Send + 'static,
 {
     let graceful = GracefulShutdown::new();
     match tls {
         None => loop {
-            let (stream, _peer) = tokio::select! {
+            let (stream, peer) = tokio::select! {
                 accepted = crate::net::accept_retrying(&listener) => accepted,
                 _ = shutdown.wait_for(|stop| *stop) => break,
             };
-            serve_connection(&graceful, stream, None, handler.clone());
+            let connection = Connection { peer, certs: None };
+            serve_connection(&graceful, stream, connection, &auth, handler.clone());
         },
         Some(tls) => {
             let mut incoming = tls
@@ -77,11 +86,14 @@ pub async fn serve<H, F>(
                     },
                     _ = shutdown.wait_for(|stop| *stop) => break,
                 };
-                let certs =
-                    stream.get_ref().1.peer_certificates().map(|chain| {
-                        Arc::new(chain.iter().map(|c| c.clone().into_owned()).collect())
-                    });
-                serve_connection(&graceful, stream, certs, handler.clone());
+                let (tcp, session) = stream.get_ref();
+                // A socket whose peer is gone already: nothing to answer.
+                let Ok(peer) = tcp.peer_addr() else { continue };
+                let certs: ConnectionCerts = session
+                    .peer_certificates()
+                    .map(|chain| Arc::new(chain.iter().map(|c| c.clone().into_owned()).collect()));
+                let connection = Connection { peer, certs };
+                serve_connection(&graceful, stream, connection, &auth, handler.clone());
             }
         }
     }
@@ -91,15 +103,27 @@ pub async fn serve<H, F>(
 fn serve_connection<I, H, F>(
     graceful: &GracefulShutdown,
     stream: I,
-    certs: ConnectionCerts,
+    connection: Connection,
+    auth: &Authenticator,
     handler: H,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    H: Fn(http::Request<Incoming>, ConnectionCerts) -> F + Clone + Send + Sync + 'static,
+    H: Fn(http::Request<Incoming>, Connection) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = http::Response<Body>> + Send + 'static,
 {
+    // Refused connections still get an answer per request (a problem
+    // naming the flag), not a reset the caller cannot explain.
+    let refusal = auth.admit_peer(Some(connection.peer)).err().map(|error| {
+        tracing::debug!(peer = %connection.peer, "protected mode: refusing a remote caller");
+        Problem::from_status(&crate::api::status::auth_status(error))
+    });
     let service = hyper::service::service_fn(move |request| {
-        let response = handler(request, certs.clone());
+        let response = match &refusal {
+            Some(problem) => {
+                futures::future::Either::Left(futures::future::ready(boxed(problem.response())))
+            }
+            None => futures::future::Either::Right(handler(request, connection.clone())),
+        };
         async move { Ok::<_, Infallible>(response.await) }
     });
     let connection =

@@ -15,6 +15,8 @@ pub struct Process {
     pub lines: mpsc::Receiver<String>,
     /// The "idemd serving" log event (what the server reports about itself).
     pub serving: serde_json::Value,
+    /// The log lines before it (start-up warnings and modes).
+    pub startup: Vec<String>,
 }
 
 /// `idemd [subcommand]` on port 0 with JSON logs and `data_dir`.
@@ -98,6 +100,7 @@ pub fn spawn_command(mut command: Command) -> Process {
             addr,
             lines,
             serving,
+            startup: seen,
         },
         None => {
             let _ = child.kill();

@@ -37,6 +37,7 @@ mod keys_embedded;
 mod limits;
 mod otlp;
 mod process;
+mod protected_mode;
 mod proxy_embedded;
 mod server;
 mod store_embedded;

@@ -122,6 +122,14 @@ Checks of combinations the schema cannot express; rendered by every workload.
 {{- if and (not (kindIs "invalid" .Values.terminationGracePeriodSeconds)) (lt (int .Values.terminationGracePeriodSeconds) (int $minGrace)) }}
 {{- fail (printf "terminationGracePeriodSeconds=%v is shorter than lifecycle.preStopSleepSeconds + server.drainTimeoutSeconds = %d: the kubelet would kill in-flight requests" .Values.terminationGracePeriodSeconds (int $minGrace)) }}
 {{- end }}
+{{- /* Last, so a values file with another mistake is told about that one. */}}
+{{- $authenticated := or .Values.auth.existingSecret $clientTenants }}
+{{- if and (not $authenticated) (not .Values.auth.allowUnauthenticated) }}
+{{- fail "authentication is off: set auth.existingSecret (bearer tokens) or tls.clientTenants (mTLS), or set auth.allowUnauthenticated=true to let every caller that reaches the pods pick any tenant with x-tenant-id (development only)" }}
+{{- end }}
+{{- if and $authenticated .Values.auth.allowUnauthenticated }}
+{{- fail "auth.allowUnauthenticated=true only applies with authentication off: remove it when auth.existingSecret or tls.clientTenants is set" }}
+{{- end }}
 {{- end }}
 
 {{- define "idemd.terminationGracePeriodSeconds" -}}
@@ -323,6 +331,10 @@ spec:
         {{- if .Values.auth.existingSecret }}
         - name: IDEMD_AUTH_TOKENS
           value: {{ printf "/etc/idemd/auth/%s" .Values.auth.key | quote }}
+        {{- end }}
+        {{- if .Values.auth.allowUnauthenticated }}
+        - name: IDEMD_ALLOW_UNAUTHENTICATED_REMOTE
+          value: "true"
         {{- end }}
         {{- if .Values.tls.existingSecret }}
         - name: IDEMD_TLS_CERT

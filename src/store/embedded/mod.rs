@@ -33,11 +33,20 @@
 //! They cannot see a write before it is durable: the redb transaction is
 //! committed (made visible) only after its log frame is synced.
 //!
-//! After a storage error in the write path (log append or sync, redb commit,
+//! After a storage error in the write path (log sync, redb commit,
 //! checkpoint) the writer stops accepting writes until a restart: after a
 //! failed fsync the kernel may have dropped unwritten pages, so neither the
-//! log nor the in-memory state can be trusted to match the disk, and the
-//! restart's replay is the one consistent way back.
+//! log nor the in-memory state can be trusted to match the disk, and redb
+//! latches its own I/O errors until the file is reopened; the restart's
+//! replay is the one consistent way back. The `idemd` binary exits then,
+//! with a message saying what to do ([`writer::exit_on_storage_failure`]).
+//!
+//! A full disk when the log is appended to is the exception: a frame that
+//! could not be written whole is not in the log (its checksum cannot match)
+//! and no sync failed, so the batch is refused with `UNAVAILABLE` (nothing
+//! applied) and the writer goes on; writes resume by themselves once space
+//! is freed. The log is reused in place after each checkpoint, so it
+//! needs new space only when a burst outgrows its file.
 //!
 //! # Layout
 //!
@@ -87,8 +96,8 @@ use super::{
 use crate::crypto::Keyring;
 use tables::Operation;
 use tables::{CasReply, EXPIRY, InsertReply, Loaded, META, PENDING, RECORDS, read_loaded};
-pub use writer::WriterStats;
 use writer::{WriteOp, Writer};
+pub use writer::{WriterStats, exit_on_storage_failure};
 
 /// Most operations applied in one write transaction: bounds the latency a
 /// batch adds to its first operation.
@@ -305,6 +314,8 @@ impl EmbeddedStore {
             seq,
             last_checkpoint: Instant::now(),
             poisoned: None,
+            out_of_space: (0, None),
+            data_dir: options.data_dir.clone(),
             stats: Arc::clone(&stats),
             keyring: options.keyring.clone(),
         };

@@ -156,6 +156,40 @@ pub fn decode_changes(mut payload: &[u8]) -> Result<Vec<Change<'_>>, String> {
     Ok(changes)
 }
 
+/// Why [`Wal::append`] failed: it decides what the batch's callers are
+/// told and whether the writer may go on.
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    /// The frame was not written whole (`write` failed: no space, a quota):
+    /// it is not in the log, nothing of the batch is applied, and no sync
+    /// failed, so the file's other pages are intact.
+    #[error("write-ahead log append failed: {0}")]
+    NotWritten(io::Error),
+    /// The sync failed: the frame may or may not be durable.
+    #[error("write-ahead log sync failed: {0}")]
+    NotDurable(io::Error),
+}
+
+impl AppendError {
+    /// Whether the frame was not written because the file system is full
+    /// (or the owner's quota is): the one failure the writer outlives, since
+    /// freeing space makes the same append succeed.
+    pub fn is_out_of_space(&self) -> bool {
+        match self {
+            AppendError::NotWritten(error) => is_out_of_space(error),
+            AppendError::NotDurable(_) => false,
+        }
+    }
+}
+
+/// Whether `error` says the file system (or a quota) has no room left.
+pub fn is_out_of_space(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+    )
+}
+
 /// The log file, written only by the store's writer thread.
 #[derive(Debug)]
 pub struct Wal {
@@ -253,12 +287,17 @@ impl Wal {
 
     /// Appends a frame and makes it durable (`fdatasync`).
     ///
-    /// On error the frame may or may not be on disk, and after a failed
-    /// fsync the kernel may have dropped other unwritten pages of the file
-    /// too: the caller must stop writing (see the writer's poisoning).
-    pub fn append(&mut self, frame: &[u8]) -> io::Result<()> {
-        self.file.write_all_at(frame, self.end)?;
-        self.file.sync_data()?;
+    /// A frame that could not be written whole ([`AppendError::NotWritten`],
+    /// e.g. the disk is full) is no frame: its checksum cannot match, so a
+    /// replay stops there, and the next append overwrites it. After a failed
+    /// sync ([`AppendError::NotDurable`]) the frame may or may not be on
+    /// disk, and the kernel may have dropped other unwritten pages of the
+    /// file too: the caller must stop writing (see the writer's poisoning).
+    pub fn append(&mut self, frame: &[u8]) -> Result<(), AppendError> {
+        self.file
+            .write_all_at(frame, self.end)
+            .map_err(AppendError::NotWritten)?;
+        self.file.sync_data().map_err(AppendError::NotDurable)?;
         self.end += frame.len() as u64;
         Ok(())
     }
@@ -397,6 +436,35 @@ mod tests {
             vec![(2, b"k2".to_vec()), (3, b"k3".to_vec())]
         );
         assert!(replayed(&wal, 3).is_empty());
+    }
+
+    /// What a full disk leaves: part of a frame written where the log
+    /// ends, and no advance of the end. A replay ignores it, and the next
+    /// append (the retried batch, same sequence number) overwrites it.
+    #[test]
+    fn a_frame_not_written_whole_is_no_frame_and_is_overwritten() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut wal = Wal::open(dir.path()).expect("open");
+        wal.append(&frame(1, b"a")).expect("append");
+        let refused = frame(2, b"refused-batch");
+        wal.file
+            .write_all_at(&refused[..refused.len() / 2], wal.end)
+            .expect("half a frame");
+        assert_eq!(replayed(&wal, 0), vec![(1, b"a".to_vec())]);
+        wal.append(&frame(2, b"b")).expect("append");
+        wal.append(&frame(3, b"c")).expect("append");
+        assert_eq!(
+            replayed(&wal, 0),
+            vec![(1, b"a".to_vec()), (2, b"b".to_vec()), (3, b"c".to_vec())]
+        );
+        let full = AppendError::NotWritten(io::Error::from(io::ErrorKind::StorageFull));
+        assert!(full.is_out_of_space());
+        let quota = AppendError::NotWritten(io::Error::from(io::ErrorKind::QuotaExceeded));
+        assert!(quota.is_out_of_space());
+        let sync = AppendError::NotDurable(io::Error::from(io::ErrorKind::StorageFull));
+        assert!(!sync.is_out_of_space(), "a failed sync is never outlived");
+        let eio = AppendError::NotWritten(io::Error::other("EIO"));
+        assert!(!eio.is_out_of_space());
     }
 
     #[test]

@@ -102,6 +102,13 @@ pub(super) struct Writer {
     pub(super) last_checkpoint: Instant,
     /// Set after a storage error in the write path; see the module docs.
     pub(super) poisoned: Option<String>,
+    /// Batches refused for want of space since the last report, and when
+    /// that report was logged: a full disk is reported at most every
+    /// [`OUT_OF_SPACE_REPORT`], not per batch (the log may share the disk,
+    /// and appends alternate between failing and fitting in the last page).
+    pub(super) out_of_space: (u64, Option<Instant>),
+    /// The data directory, named in what operators are told to free.
+    pub(super) data_dir: std::path::PathBuf,
     /// Counters shared with the store.
     pub(super) stats: Arc<WriterStats>,
     /// Seals responses as records are encoded.
@@ -139,8 +146,26 @@ impl Writer {
     fn poison(&mut self, reason: String) {
         tracing::error!(
             error = %reason,
+            data_dir = %self.data_dir.display(),
             "embedded store: write path failed; refusing writes until restart (acknowledged writes are safe in the write-ahead log)"
         );
+        if let Some(exit) = EXIT_ON_POISON.get() {
+            // redb latches its I/O errors (every later read and write fails
+            // until the file is reopened) and a failed sync leaves the log
+            // untrustworthy: only a restart's replay is a way back, so a
+            // process that can be restarted says what to do and goes.
+            exit(&format!(
+                "the embedded store in {} cannot write ({reason}); every acknowledged write is in its write-ahead log. {} then start idemd again: it replays the log on start",
+                self.data_dir.display(),
+                // The reason is text by now (redb's errors carry the OS's);
+                // ENOSPC and EDQUOT read the same on every Linux libc.
+                if reason.contains("No space left") || reason.contains("quota exceeded") {
+                    "Free space on that file system (it is full),"
+                } else {
+                    "Check the disk (kernel log, file system),"
+                }
+            ));
+        }
         self.poisoned = Some(reason);
     }
 
@@ -218,11 +243,45 @@ impl Writer {
     /// Logs and syncs the batch's frame, then commits the transaction
     /// (without fsync: the log holds it) so that readers see it.
     fn make_durable(&mut self, txn: redb::WriteTransaction) -> StoreResult<()> {
-        let appended = self.frame.finish().and_then(|frame| self.wal.append(frame));
-        if let Err(error) = appended {
-            // The frame may have reached the disk partially or wholly.
-            drop(txn);
-            return Err(self.uncertain(format!("write-ahead log append failed: {error}")));
+        let frame = match self.frame.finish() {
+            Ok(frame) => frame,
+            Err(error) => {
+                drop(txn);
+                return Err(StoreError::Unavailable(format!(
+                    "nothing was applied: {error}"
+                )));
+            }
+        };
+        match self.wal.append(frame) {
+            Ok(()) => {}
+            // The frame is not in the log and the transaction is dropped:
+            // nothing of the batch happened, and nothing else is at risk
+            // (no sync failed). Refuse the batch and keep going, so writes
+            // resume by themselves once space is freed.
+            Err(error) if error.is_out_of_space() => {
+                drop(txn);
+                let (refused, reported) = &mut self.out_of_space;
+                *refused += 1;
+                if reported.is_none_or(|at| at.elapsed() >= OUT_OF_SPACE_REPORT) {
+                    tracing::error!(
+                        %error,
+                        refused_batches = *refused,
+                        data_dir = %self.data_dir.display(),
+                        "embedded store: the disk is full; writes are refused (UNAVAILABLE, nothing applied) until space is freed in the data directory"
+                    );
+                    *refused = 0;
+                    *reported = Some(Instant::now());
+                }
+                return Err(StoreError::Unavailable(format!(
+                    "the disk holding {} is full, nothing was applied; retry once space is freed: {error}",
+                    self.data_dir.display()
+                )));
+            }
+            Err(error) => {
+                // The frame may have reached the disk partially or wholly.
+                drop(txn);
+                return Err(self.uncertain(error.to_string()));
+            }
         }
         if let Err(error) = txn.commit() {
             // The log has a frame that redb does not: later batches would
@@ -237,6 +296,21 @@ impl Writer {
         self.poison(reason.clone());
         StoreError::Uncertain(reason)
     }
+}
+
+/// Shortest interval between two reports of a full disk.
+const OUT_OF_SPACE_REPORT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What a process that can be restarted does when the writer is poisoned:
+/// see [`exit_on_storage_failure`].
+static EXIT_ON_POISON: std::sync::OnceLock<fn(&str) -> !> = std::sync::OnceLock::new();
+
+/// Makes a storage failure of the write path end the process through
+/// `exit` (which prints the message it is given and exits non-zero), for
+/// the `idemd` binary: its supervisor restarts it and the restart's replay
+/// recovers. Embedders and tests keep a store that refuses writes instead.
+pub fn exit_on_storage_failure(exit: fn(&str) -> !) {
+    let _ = EXIT_ON_POISON.set(exit);
 }
 
 /// Applies operations in one non-durable write transaction, logging every

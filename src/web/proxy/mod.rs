@@ -53,7 +53,7 @@ use serde_json::json;
 
 use super::problem::Problem;
 use super::serve::{Body, BoxError, boxed, full};
-use super::{ConnectionCerts, Services, grpc_request};
+use super::{Connection, Services, grpc_request};
 use crate::config::routes::{KeyRule, On5xx, ProxySettings, RouteSettings, Routes};
 use crate::metrics as names;
 use crate::proto::v1 as pb;
@@ -98,7 +98,7 @@ impl<S: Services> Proxy<S> {
     pub async fn handle(
         &self,
         request: http::Request<Incoming>,
-        certs: ConnectionCerts,
+        connection: Connection,
     ) -> http::Response<Body> {
         let (parts, body) = request.into_parts();
         let matched = self.routes.find(&parts.method, parts.uri.path());
@@ -169,7 +169,7 @@ impl<S: Services> Proxy<S> {
             wait: (!settings.max_wait.is_zero()).then(|| crate::api::duration(settings.max_wait)),
             ..Default::default()
         };
-        let request = grpc_request(claim, &parts.headers, &self.token_header, &certs);
+        let request = grpc_request(claim, &parts.headers, &self.token_header, &connection);
         let claimed = match Idempotency::claim(&self.services, request).await {
             Ok(response) => response.into_inner(),
             Err(status) => {
@@ -186,7 +186,7 @@ impl<S: Services> Proxy<S> {
                     key,
                     lease,
                     headers: parts.headers.clone(),
-                    certs,
+                    connection,
                     settings,
                 };
                 // Detached from the client's connection: see the module docs.
@@ -295,7 +295,9 @@ struct Call<S> {
     /// The original request's headers: its credentials make the Complete,
     /// Fail and ExtendLease calls (the lease holder is the claiming caller).
     headers: http::HeaderMap,
-    certs: ConnectionCerts,
+    /// The client's connection (its address and certificates), for the
+    /// same reason.
+    connection: Connection,
     settings: Arc<RouteSettings>,
 }
 
@@ -424,7 +426,7 @@ impl<S: Services> Call<S> {
             message,
             &self.headers,
             &self.proxy.token_header,
-            &self.certs,
+            &self.connection,
         )
     }
 
