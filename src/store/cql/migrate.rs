@@ -243,7 +243,7 @@ pub async fn run_to(
                 let row = rows.first().ok_or_else(|| {
                     StoreError::Corrupt("claimed migration row vanished".to_string())
                 })?;
-                let state = text(row, "state");
+                let state = rows::text_or_none(row, "state");
                 if state.as_deref() == Some("applied") {
                     break;
                 }
@@ -253,7 +253,7 @@ pub async fn run_to(
                 };
                 let stale_ms = i64::try_from(STALE_CLAIM.as_millis()).unwrap_or(i64::MAX);
                 if now_ms() - claimed_at > stale_ms {
-                    let previous_owner = text(row, "owner").unwrap_or_default();
+                    let previous_owner = rows::text_or_none(row, "owner").unwrap_or_default();
                     let result = session
                         .execute_unpaged(
                             &take_over,
@@ -330,13 +330,6 @@ pub async fn run_to(
         report.legacy_pending = Some(copied);
     }
     Ok(report)
-}
-
-fn text(row: &rows::NamedRow, name: &str) -> Option<String> {
-    match row.get(name) {
-        Some(Some(CqlValue::Text(value))) => Some(value.clone()),
-        _ => None,
-    }
 }
 
 fn now_ms() -> i64 {

@@ -46,6 +46,18 @@ pub fn named_rows(result: QueryResult) -> Result<Vec<NamedRow>, StoreError> {
     Ok(out)
 }
 
+/// A text column, `None` when absent, NULL or of another type: for rows of
+/// idemd's bookkeeping tables, where a missing value has one meaning.
+pub fn text_or_none(row: &NamedRow, name: &str) -> Option<String> {
+    text(row, name).ok().flatten()
+}
+
+/// A bigint column, `None` when absent, NULL or of another type (see
+/// [`text_or_none`]).
+pub fn big_int_or_none(row: &NamedRow, name: &str) -> Option<i64> {
+    big_int(row, name).ok().flatten()
+}
+
 /// Whether a conditional statement was applied (`[applied]`).
 pub fn applied(row: &NamedRow) -> Result<bool, StoreError> {
     match row.get("[applied]") {

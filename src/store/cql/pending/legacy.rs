@@ -78,20 +78,6 @@ async fn all_pages(
     }
 }
 
-fn text(row: &rows::NamedRow, name: &str) -> Option<String> {
-    match row.get(name) {
-        Some(Some(CqlValue::Text(value))) => Some(value.clone()),
-        _ => None,
-    }
-}
-
-fn big_int(row: &rows::NamedRow, name: &str) -> Option<i64> {
-    match row.get(name) {
-        Some(Some(CqlValue::BigInt(value))) => Some(*value),
-        _ => None,
-    }
-}
-
 /// Copies `pending_index` into the new tables (see the module docs).
 /// `grace_ms` sets a new cursor's watermark (`now - grace`).
 pub async fn copy_legacy_index(
@@ -145,9 +131,10 @@ pub async fn copy_legacy_index(
         .map_err(|e| unavailable("pending index upgrade: list partitions", e))?;
     let mut report = LegacyReport::default();
     for row in &partitions {
-        let (Some(tenant), Some(CqlValue::Int(day))) =
-            (text(row, "tenant"), row.get("day").cloned().flatten())
-        else {
+        let (Some(tenant), Some(CqlValue::Int(day))) = (
+            rows::text_or_none(row, "tenant"),
+            row.get("day").cloned().flatten(),
+        ) else {
             return Err(StoreError::Corrupt(
                 "pending_index partition without tenant or day".into(),
             ));
@@ -225,9 +212,9 @@ impl Copy<'_> {
         let mut copied = 0;
         for entry in &entries {
             let (Some(due), Some(endpoint), Some(key)) = (
-                big_int(entry, "due_at"),
-                text(entry, "endpoint"),
-                text(entry, "key"),
+                rows::big_int_or_none(entry, "due_at"),
+                rows::text_or_none(entry, "endpoint"),
+                rows::text_or_none(entry, "key"),
             ) else {
                 return Err("malformed pending_index entry".into());
             };
@@ -239,7 +226,7 @@ impl Copy<'_> {
             let expires = rows::named_rows(record)
                 .map_err(|e| e.to_string())?
                 .first()
-                .and_then(|row| big_int(row, "expires_at"));
+                .and_then(|row| rows::big_int_or_none(row, "expires_at"));
             // No record (released, expired, never written): nothing to find.
             let Some(expires) = expires.filter(|at| *at > now_ms) else {
                 continue;

@@ -69,23 +69,14 @@ pub struct SealReport {
     pub dropped: usize,
 }
 
-fn big_int(row: &rows::NamedRow, name: &str) -> Option<i64> {
-    match row.get(name) {
-        Some(Some(CqlValue::BigInt(value))) => Some(*value),
-        _ => None,
-    }
-}
-
 fn cursor_from_row(row: &rows::NamedRow) -> StoreResult<Cursor> {
-    let tenant = match row.get("tenant") {
-        Some(Some(CqlValue::Text(tenant))) => tenant.clone(),
-        _ => return Err(StoreError::Corrupt("pending cursor without tenant".into())),
-    };
-    let watermark = big_int(row, "watermark")
+    let tenant = rows::text_or_none(row, "tenant")
+        .ok_or_else(|| StoreError::Corrupt("pending cursor without tenant".into()))?;
+    let watermark = rows::big_int_or_none(row, "watermark")
         .ok_or_else(|| StoreError::Corrupt("pending cursor without watermark".into()))?;
-    let summary_at = big_int(row, "summary_at");
+    let summary_at = rows::big_int_or_none(row, "summary_at");
     let count = |name| {
-        big_int(row, name)
+        rows::big_int_or_none(row, name)
             .and_then(|v| u64::try_from(v).ok())
             .unwrap_or(0)
     };
@@ -93,7 +84,7 @@ fn cursor_from_row(row: &rows::NamedRow) -> StoreResult<Cursor> {
         in_progress: count("summary_in_progress"),
         unknown: count("summary_unknown"),
         failed: count("summary_failed"),
-        oldest_since_ms: big_int(row, "summary_oldest_due"),
+        oldest_since_ms: rows::big_int_or_none(row, "summary_oldest_due"),
         truncated: matches!(
             row.get("summary_truncated"),
             Some(Some(CqlValue::Boolean(true)))
