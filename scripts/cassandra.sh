@@ -26,6 +26,7 @@
 #   IDEMD_CASSANDRA_STOP_TIMEOUT   seconds to wait after SIGTERM before SIGKILL (default 30)
 #   IDEMD_CASSANDRA_JVM_OPTS       extra JVM options for every node (split on whitespace), appended last
 #   IDEMD_CASSANDRA_CDS            0 disables the class-data-sharing archive (default 1)
+#   IDEMD_CASSANDRA_COMMITLOG_SYNC periodic (default), batch or group: see commitlog_sync_yaml
 #   JAVA                           java binary (default: java on PATH; must be Java 17)
 #   MVN                            maven binary (default: mvn on PATH)
 set -euo pipefail
@@ -67,6 +68,21 @@ EOF
 
 node_dir() { printf '%s/node%s' "$NODES_DIR" "$1"; }
 node_ip() { printf '127.0.0.%s' "$1"; }
+
+# The commit log's sync mode (IDEMD_CASSANDRA_COMMITLOG_SYNC): `periodic`
+# (Cassandra's default, fsync every 10 s; sync markers every 100 ms, so a
+# SIGKILL of every replica at once loses the last ~100 ms of writes,
+# acknowledged LWTs included), `batch` (fsync before every acknowledgement)
+# or `group` (fsync every 2 ms, acknowledging after it). The tests that kill
+# every node at once (make faults) use batch, as docs/scylla.md recommends.
+commitlog_sync_yaml() {
+    case "${IDEMD_CASSANDRA_COMMITLOG_SYNC:-periodic}" in
+        periodic) printf 'commitlog_sync: periodic\ncommitlog_sync_period: 10000ms' ;;
+        batch) printf 'commitlog_sync: batch' ;;
+        group) printf 'commitlog_sync: group\ncommitlog_sync_group_window: 2ms' ;;
+        *) die "IDEMD_CASSANDRA_COMMITLOG_SYNC must be periodic, batch or group" ;;
+    esac
+}
 
 # ---------------------------------------------------------------------------------------------
 # Dependencies: cassandra-all + runtime jars, copied out of the local Maven repository once.
@@ -178,8 +194,7 @@ commitlog_directory: $dir/commitlog
 saved_caches_directory: $dir/saved_caches
 hints_directory: $dir/hints
 cdc_raw_directory: $dir/cdc_raw
-commitlog_sync: periodic
-commitlog_sync_period: 10000ms
+$(commitlog_sync_yaml)
 # Fresh 5.0-only cluster: no need to stay readable by 4.x.
 storage_compatibility_mode: NONE
 # LWT: Paxos v2 needs 2 round trips per conditional write instead of 4.

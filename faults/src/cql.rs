@@ -29,6 +29,13 @@ impl Cluster {
         let status = tokio::process::Command::new("bash")
             .arg(script)
             .args(args)
+            // Every node is SIGKILLed at once in cql-cluster-restart: with
+            // the default periodic commit log each node loses its last
+            // ~100 ms of writes, acknowledged LWTs included, which no client
+            // can survive. Per-write sync is what docs/scylla.md tells
+            // Cassandra users to run for that failure (ScyllaDB syncs LWTs
+            // before acknowledging whatever the setting).
+            .env("IDEMD_CASSANDRA_COMMITLOG_SYNC", "batch")
             .status()
             .await
             .with_context(|| format!("running {}", script.display()))?;

@@ -315,6 +315,7 @@ impl EmbeddedStore {
             last_checkpoint: Instant::now(),
             poisoned: None,
             out_of_space: (0, None),
+            disk_was_full: false,
             data_dir: options.data_dir.clone(),
             stats: Arc::clone(&stats),
             keyring: options.keyring.clone(),

@@ -107,6 +107,10 @@ pub(super) struct Writer {
     /// [`OUT_OF_SPACE_REPORT`], not per batch (the log may share the disk,
     /// and appends alternate between failing and fitting in the last page).
     pub(super) out_of_space: (u64, Option<Instant>),
+    /// Some write of this process failed for want of space: redb latches
+    /// its first I/O error and later reports only "Previous I/O error
+    /// occurred", so this is what tells a full disk from a broken one then.
+    pub(super) disk_was_full: bool,
     /// The data directory, named in what operators are told to free.
     pub(super) data_dir: std::path::PathBuf,
     /// Counters shared with the store.
@@ -158,8 +162,14 @@ impl Writer {
                 "the embedded store in {} cannot write ({reason}); every acknowledged write is in its write-ahead log. {} then start idemd again: it replays the log on start",
                 self.data_dir.display(),
                 // The reason is text by now (redb's errors carry the OS's);
-                // ENOSPC and EDQUOT read the same on every Linux libc.
-                if reason.contains("No space left") || reason.contains("quota exceeded") {
+                // ENOSPC and EDQUOT read the same on every Linux libc. redb
+                // latches its first I/O error and later reports only
+                // "Previous I/O error occurred": after an out-of-space
+                // refusal that earlier error was the full disk.
+                if reason.contains("No space left")
+                    || reason.contains("quota exceeded")
+                    || (reason.contains("Previous I/O error") && self.disk_was_full)
+                {
                     "Free space on that file system (it is full),"
                 } else {
                     "Check the disk (kernel log, file system),"
@@ -233,7 +243,12 @@ impl Writer {
                 self.stats.operations.fetch_add(size, Ordering::Relaxed);
                 None
             }
-            Err(error) => Some(error),
+            Err(error) => {
+                let text = error.to_string();
+                self.disk_was_full |=
+                    text.contains("No space left") || text.contains("quota exceeded");
+                Some(error)
+            }
         };
         for op in batch.drain(..) {
             op.reply(error.clone());
