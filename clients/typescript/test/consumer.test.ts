@@ -239,18 +239,29 @@ test("a fresh project installs the packed SDK as the README says and runs agains
   const served = spawn(process.execPath, [path.join(project, "out", "server.mjs")], {
     cwd: project,
     env: userEnv({ IDEMD_ADDRESS: server.address, IDEMD_TOKEN: "conformance-token-alice-3f9a", PORT: String(port) }),
-    stdio: "ignore",
+    stdio: ["ignore", "pipe", "pipe"],
   });
+  // What the served program printed, for the failure message: a program
+  // that dies at start or never listens must say why.
+  let printed = "";
+  served.stdout?.on("data", (chunk: Buffer) => (printed += chunk.toString()));
+  served.stderr?.on("data", (chunk: Buffer) => (printed += chunk.toString()));
   try {
     const key = `consumer-${Date.now()}`;
     const post = async (): Promise<Response> => {
+      // Up to 60 s: a cold start of Node, Express and the SDK on a busy CI
+      // machine, not the time a user waits.
       for (let attempt = 0; ; attempt++) {
         try {
           return await fetch(`http://127.0.0.1:${port}/v1/payments/p1`, {
             method: "POST", headers: { "Idempotency-Key": key, "Content-Type": "application/json" }, body: "{}",
           });
         } catch (error) {
-          if (attempt > 150) throw error;
+          if (served.exitCode !== null || attempt > 600) {
+            throw new Error(
+              `the README's server never answered (exit code ${served.exitCode}): ${String(error)}\n${printed}`,
+            );
+          }
           await new Promise((resolve) => setTimeout(resolve, 100)); // still starting
         }
       }

@@ -160,7 +160,10 @@ impl CqlStore {
             }
             floor = floor.max(start.0);
         }
-        // Bucket budget spent: continue from the first bucket not walked.
+        // Step budget spent: continue from the first bucket not walked. The
+        // cursor sorts after every entry due at `floor - 1` (no endpoint
+        // starts with U+10FFFF, the largest code point), before any due at
+        // `floor`.
         let resume = if floor > start.0 {
             (floor - 1, String::from("\u{10FFFF}"), String::new())
         } else {
