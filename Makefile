@@ -49,6 +49,7 @@ cql-test:
 ## Prints the figures (docs/benchmarks.md); about 6 minutes.
 CQL_SCALE_PAIRS ?= 250000
 cql-scale:
+	scripts/test-deps.sh
 	$(CARGO) build --release -p idemd -p idemd-bench
 	scripts/with-cassandra.sh -- $(TARGET_DIR)/release/idemd-bench cql-scale \
 		--idemd-bin $(TARGET_DIR)/release/idemd --pairs $(CQL_SCALE_PAIRS) \
@@ -58,6 +59,7 @@ cql-scale:
 ## a ListPending bound for a debug build on a busy CI machine (500 ms: it
 ## catches a 10x regression, not a slow day).
 cql-scale-smoke:
+	scripts/test-deps.sh
 	$(CARGO) build -p idemd -p idemd-bench
 	scripts/with-cassandra.sh -- $(TARGET_DIR)/debug/idemd-bench cql-scale \
 		--idemd-bin $(TARGET_DIR)/debug/idemd --pairs 10000 --list-calls 50 --list-p99-max 500ms

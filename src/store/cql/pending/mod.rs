@@ -204,11 +204,12 @@ impl CqlStore {
             return Ok(None);
         };
         let id = &record.id;
-        let known = self.tenants.get(&id.tenant);
+        let mut known = self.tenants.get(&id.tenant);
         if !known.cursor_ready {
             self.create_cursor(&id.tenant, now_ms).await?;
+            known = self.tenants.get(&id.tenant);
         }
-        let watermark = self.tenants.get(&id.tenant).watermark;
+        let watermark = known.watermark;
         let slot = slot_for_put(record.state, due, watermark, self.timing.step_ms);
         let ttl = ttl_seconds(record.expires_at_ms, now_ms);
         let shard = shard_of(&id.endpoint, &id.key);
