@@ -149,9 +149,10 @@ faults-smoke:
 
 ## faults: the full profile (release build): 100 kill -9 cycles, 3 full disks, 12 clients,
 ## then a 3-node Cassandra cluster (scripts/cassandra.sh) under two idemd
-## replicas: a node killed and restarted, quorum lost and regained three times
-## in a row, the whole cluster restarted. The figures of docs/reliability.md
-## come from it. About 5 minutes.
+## replicas (commitlog_sync: batch): a node killed and restarted, a node
+## paused (SIGSTOP) past the request timeout, quorum lost and regained three
+## times in a row, the whole cluster SIGKILLed and restarted three times. The
+## figures of docs/reliability.md come from it. About 10 minutes.
 faults:
 	$(CARGO) build --release -p idemd -p idemd-faults
 	$(TARGET_DIR)/release/idemd-faults --profile full --idemd-bin $(TARGET_DIR)/release/idemd \

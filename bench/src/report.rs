@@ -387,6 +387,17 @@ pub fn targets(summaries: &[Summary], rss_1000: Option<f64>) -> Vec<Target> {
             None,
             Some(1.15),
         ),
+        // What bounds P4a: the same ratio against every statement idemd
+        // sends per pair (no goal; close to 1 means the gap to raw-lwt is
+        // the index's writes, not the server).
+        ratio_target(
+            "P4c",
+            "CQL backend fresh vs the same statements on the driver (raw-lwt-indexed, pairs/s)",
+            tput("idemd-cql", Workload::Fresh),
+            tput("raw-lwt-indexed", Workload::Fresh),
+            None,
+            None,
+        ),
     ];
     out.push(match rss_1000 {
         Some(rss) => Target {

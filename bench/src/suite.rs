@@ -34,6 +34,11 @@ pub enum SystemKind {
     Redis,
     /// idemd's LWT statements straight on the scylla driver.
     RawLwt,
+    /// Every statement idemd-cql sends per fresh pair, straight on the
+    /// driver: the two LWTs plus the pending index's entry (before the
+    /// insert) and its delete (after the update, off the reply path). What
+    /// P4 can reach at best with the index idemd keeps.
+    RawLwtIndexed,
     /// idemd with the CQL store.
     IdemdCql,
 }
@@ -46,12 +51,16 @@ impl SystemKind {
             SystemKind::Postgres => "postgres",
             SystemKind::Redis => "redis",
             SystemKind::RawLwt => "raw-lwt",
+            SystemKind::RawLwtIndexed => "raw-lwt-indexed",
             SystemKind::IdemdCql => "idemd-cql",
         }
     }
 
     fn needs_cql(self) -> bool {
-        matches!(self, SystemKind::RawLwt | SystemKind::IdemdCql)
+        matches!(
+            self,
+            SystemKind::RawLwt | SystemKind::RawLwtIndexed | SystemKind::IdemdCql
+        )
     }
 
     /// Whether the system enforces one winner per key.
@@ -67,12 +76,13 @@ impl SystemKind {
     }
 }
 
-const ALL_SYSTEMS: [SystemKind; 6] = [
+const ALL_SYSTEMS: [SystemKind; 7] = [
     SystemKind::Noop,
     SystemKind::IdemdEmbedded,
     SystemKind::Postgres,
     SystemKind::Redis,
     SystemKind::RawLwt,
+    SystemKind::RawLwtIndexed,
     SystemKind::IdemdCql,
 ];
 
@@ -300,10 +310,11 @@ async fn start_system(kind: SystemKind, common: &Common) -> Result<Running> {
                 connections: common.db_connections,
             })
         }
-        SystemKind::RawLwt => {
+        SystemKind::RawLwt | SystemKind::RawLwtIndexed => {
             // The table is idemd's: migrate (idempotent) so it exists.
             servers::migrate_cql(&common.idemd_bin()?, &common.cql_nodes).await?;
-            let client = Lwt::connect(&common.cql_nodes, "idemd").await?;
+            let indexed = kind == SystemKind::RawLwtIndexed;
+            let client = Lwt::connect(&common.cql_nodes, "idemd", indexed).await?;
             Ok(Running {
                 kind,
                 server: None,
@@ -518,8 +529,11 @@ pub async fn compare(args: CompareArgs) -> Result<bool> {
         (
             "load".to_string(),
             format!(
-                "closed loop, {} operations in flight for every system except the CQL pair ({} in flight for raw-lwt and idemd-cql alike: one Cassandra node times Paxos rounds out beyond that); {} gRPC connections (idemd, no-op), {} connections (Postgres, Redis), one driver session (raw LWT)",
-                common.concurrency, common.cql_concurrency, common.connections, common.db_connections
+                "closed loop, {} operations in flight for every system except the CQL pair ({} in flight for raw-lwt, raw-lwt-indexed and idemd-cql alike: one Cassandra node times Paxos rounds out beyond that); {} gRPC connections (idemd, no-op), {} connections (Postgres, Redis), one driver session (raw LWT)",
+                common.concurrency,
+                common.cql_concurrency,
+                common.connections,
+                common.db_connections
             ),
         ),
         (
@@ -539,7 +553,11 @@ pub async fn compare(args: CompareArgs) -> Result<bool> {
         ),
         (
             "durability".to_string(),
-            "idemd-embedded fsyncs every acknowledged write (group commit); Postgres synchronous_commit=on, fsync=on; Redis appendonly yes, appendfsync everysec (not durable per operation); Cassandra commitlog_sync periodic (scripts/cassandra.sh)".to_string(),
+            format!(
+                "idemd-embedded fsyncs every acknowledged write (group commit); Postgres synchronous_commit=on, fsync=on; Redis appendonly yes, appendfsync everysec (not durable per operation); Cassandra commitlog_sync {} (scripts/cassandra.sh; raw-lwt and idemd-cql on the same node)",
+                // What scripts/cassandra.sh wrote into the node's yaml.
+                std::env::var("IDEMD_CASSANDRA_COMMITLOG_SYNC").unwrap_or_else(|_| "batch".into())
+            ),
         ),
         (
             "workloads".to_string(),

@@ -389,13 +389,38 @@ pub struct Lwt {
     insert: PreparedStatement,
     update: PreparedStatement,
     response: Vec<u8>,
+    /// `raw-lwt-indexed`: the pending index's writes idemd adds per pair.
+    index: Option<IndexStatements>,
+}
+
+/// The pending index's entry and its delete, as idemd writes them
+/// (`pending_buckets`, migration 3).
+struct IndexStatements {
+    put: PreparedStatement,
+    delete: PreparedStatement,
+}
+
+/// Lease of the raw claims (the index entry's due instant is its end).
+const LWT_LEASE_MS: i64 = 60_000;
+
+/// The index partition of a raw claim: its bucket of due instants and a
+/// shard from the key, as idemd spreads them (the exact hash does not
+/// matter for the cost, only that keys spread over the shards).
+fn index_slot(key: &str, due: i64) -> (i64, i32) {
+    let bucket = due.div_euclid(idemd::store::cql::BUCKET_MS);
+    let hash = key
+        .bytes()
+        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+    let shards = idemd::store::cql::SHARDS.unsigned_abs();
+    (bucket, i32::try_from(hash % shards).unwrap_or(0))
 }
 
 impl Lwt {
     /// Connects exactly as idemd does (`idemd::store::cql::connect`: QUORUM,
     /// SERIAL, same timeouts and load balancing) and prepares the statements
     /// of `src/store/cql/mod.rs` against idemd's keyspace (migrated first).
-    pub async fn connect(nodes: &[String], keyspace: &str) -> Result<Self> {
+    /// With `indexed`, also the pending index's put and delete per pair.
+    pub async fn connect(nodes: &[String], keyspace: &str, indexed: bool) -> Result<Self> {
         let mut options = idemd::store::cql::CqlOptions::local(keyspace);
         options.nodes = nodes.to_vec();
         let session = idemd::store::cql::connect(&options)
@@ -418,12 +443,33 @@ impl Lwt {
                  IF state = ? AND lease_token = ? AND expires_at > ?"
             ))
             .await?;
+        let index = if indexed {
+            let mut put = session
+                .prepare(format!(
+                    "INSERT INTO {keyspace}.pending_buckets \
+                     (tenant, bucket, shard, due_at, endpoint, key) \
+                     VALUES (?, ?, ?, ?, ?, ?) USING TTL ?"
+                ))
+                .await?;
+            let mut delete = session
+                .prepare(format!(
+                    "DELETE FROM {keyspace}.pending_buckets WHERE tenant = ? AND bucket = ? \
+                     AND shard = ? AND due_at = ? AND endpoint = ? AND key = ?"
+                ))
+                .await?;
+            put.set_is_idempotent(true);
+            delete.set_is_idempotent(true);
+            Some(IndexStatements { put, delete })
+        } else {
+            None
+        };
         let response = prost::Message::encode_to_vec(&stored_response());
         Ok(Self {
             session: Arc::new(session),
             insert,
             update,
             response,
+            index,
         })
     }
 
@@ -433,7 +479,27 @@ impl Lwt {
 
     async fn claim(&self, key: &str) -> Result<ClaimOutcome> {
         let now = now_ms();
-        let token = format!("{:032x}", rand::random::<u128>());
+        // The claim instant leads the token: the indexed complete finds the
+        // entry's due instant from it, as idemd does from its record.
+        let token = format!("{now:016x}{:032x}", rand::random::<u128>());
+        if let Some(index) = &self.index {
+            let due = now + LWT_LEASE_MS;
+            let (bucket, shard) = index_slot(key, due);
+            self.session
+                .execute_unpaged(
+                    &index.put,
+                    (
+                        LWT_TENANT,
+                        bucket,
+                        shard,
+                        due,
+                        ENDPOINT,
+                        key,
+                        TTL_SECONDS as i32,
+                    ),
+                )
+                .await?;
+        }
         let values: Vec<Option<CqlValue>> = vec![
             Self::text(LWT_TENANT),
             Self::text(ENDPOINT),
@@ -445,7 +511,7 @@ impl Lwt {
             Self::text(""),
             Some(CqlValue::BigInt(now)),
             Some(CqlValue::BigInt(now)),
-            Some(CqlValue::BigInt(now + 60_000)),
+            Some(CqlValue::BigInt(now + LWT_LEASE_MS)),
             None,
             Some(CqlValue::BigInt(now + TTL_SECONDS * 1000)),
             None,
@@ -490,6 +556,23 @@ impl Lwt {
         let (applied, _) = lwt_result(result)?;
         if !applied {
             bail!("conditional complete of {key} was not applied");
+        }
+        if let Some(index) = &self.index {
+            // Off the reply path, as idemd does it.
+            let claimed_at = token
+                .get(..16)
+                .and_then(|hex| i64::from_str_radix(hex, 16).ok())
+                .context("raw-lwt-indexed token without its claim instant")?;
+            let due = claimed_at + LWT_LEASE_MS;
+            let (bucket, shard) = index_slot(key, due);
+            let session = Arc::clone(&self.session);
+            let delete = index.delete.clone();
+            let key = key.to_string();
+            tokio::spawn(async move {
+                let _ = session
+                    .execute_unpaged(&delete, (LWT_TENANT, bucket, shard, due, ENDPOINT, key))
+                    .await;
+            });
         }
         Ok(())
     }

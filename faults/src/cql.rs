@@ -20,22 +20,25 @@ const NODES: usize = 3;
 pub struct Cluster {
     /// `scripts/cassandra.sh`.
     script: PathBuf,
+    /// The nodes' `commitlog_sync` (`IDEMD_CASSANDRA_COMMITLOG_SYNC`).
+    commitlog_sync: String,
     /// `idemd` flags that point at the cluster and the keyspace.
     flags: Vec<String>,
 }
 
 impl Cluster {
-    async fn run(script: &Path, args: &[&str]) -> anyhow::Result<()> {
+    async fn run(script: &Path, commitlog_sync: &str, args: &[&str]) -> anyhow::Result<()> {
         let status = tokio::process::Command::new("bash")
             .arg(script)
             .args(args)
             // Every node is SIGKILLed at once in cql-cluster-restart: with
-            // the default periodic commit log each node loses its last
-            // ~100 ms of writes, acknowledged LWTs included, which no client
-            // can survive. Per-write sync is what docs/scylla.md tells
-            // Cassandra users to run for that failure (ScyllaDB syncs LWTs
-            // before acknowledging whatever the setting).
-            .env("IDEMD_CASSANDRA_COMMITLOG_SYNC", "batch")
+            // a periodic commit log each node loses its last ~100 ms of
+            // writes, acknowledged LWTs included, which no client can
+            // survive. Per-write sync (`batch`, the default) is what
+            // docs/scylla.md tells Cassandra users to run for that failure
+            // (ScyllaDB syncs LWTs before acknowledging whatever the
+            // setting); `periodic` is there to measure what it loses.
+            .env("IDEMD_CASSANDRA_COMMITLOG_SYNC", commitlog_sync)
             .status()
             .await
             .with_context(|| format!("running {}", script.display()))?;
@@ -45,9 +48,15 @@ impl Cluster {
         Ok(())
     }
 
-    /// Starts a fresh 3-node cluster and creates `keyspace` with RF 3.
-    pub async fn start(script: &Path, bin: &Path, keyspace: &str) -> anyhow::Result<Self> {
-        Self::run(script, &["start", "--nodes", "3"]).await?;
+    /// Starts a fresh 3-node cluster with `commitlog_sync` and creates
+    /// `keyspace` with RF 3.
+    pub async fn start(
+        script: &Path,
+        commitlog_sync: &str,
+        bin: &Path,
+        keyspace: &str,
+    ) -> anyhow::Result<Self> {
+        Self::run(script, commitlog_sync, &["start", "--nodes", "3"]).await?;
         let nodes: Vec<String> = (1..=NODES).map(|i| format!("127.0.0.{i}:9042")).collect();
         let nodes = nodes.join(",");
         let status = tokio::process::Command::new(bin)
@@ -63,6 +72,7 @@ impl Cluster {
         }
         Ok(Self {
             script: script.to_path_buf(),
+            commitlog_sync: commitlog_sync.to_string(),
             flags: [
                 "--store",
                 "cql",
@@ -80,12 +90,17 @@ impl Cluster {
 
     /// `kill`, `pause`, `resume` or `restart` node `i`.
     pub async fn node(&self, action: &str, i: usize) -> anyhow::Result<()> {
-        Self::run(&self.script, &[action, &i.to_string()]).await
+        Self::run(
+            &self.script,
+            &self.commitlog_sync,
+            &[action, &i.to_string()],
+        )
+        .await
     }
 
     /// Stops every node.
     pub async fn stop(&self) -> anyhow::Result<()> {
-        Self::run(&self.script, &["stop"]).await
+        Self::run(&self.script, &self.commitlog_sync, &["stop"]).await
     }
 
     /// Two idemd replicas on this cluster.
@@ -188,6 +203,77 @@ pub async fn node_kill(
     }
     Ok(report)
 }
+
+/// Cassandra node 3 stopped with `SIGSTOP` for [`PAUSE`] (four request
+/// timeouts: alive to the kernel, so connections stay open and requests
+/// sent to it go unanswered, as in a long GC pause or a stalled VM), then
+/// resumed: the two other nodes keep a quorum throughout, so no wrong
+/// answer, and calls succeed again within 30 s of the resume. The error
+/// rate while paused is reported, and bounded by [`PAUSE_MAX_ERRORS`].
+pub async fn node_pause(
+    cluster: &Cluster,
+    bin: &Path,
+    load: &Load,
+    log_dir: &Path,
+) -> anyhow::Result<Report> {
+    let run = cluster.run_two(bin, load, log_dir).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    run.history.phase("paused");
+    cluster.node("pause", 3).await?;
+    tokio::time::sleep(PAUSE).await;
+    cluster.node("resume", 3).await?;
+    let resumed = Instant::now();
+    run.history.phase("resumed");
+    let recovery = until_calls_succeed(&run, resumed, Duration::from_secs(30)).await;
+    let mut notes = Vec::new();
+    let recovery_ms = match recovery {
+        Ok(took) => vec![u64::try_from(took.as_millis()).unwrap_or(u64::MAX)],
+        Err(error) => {
+            notes.push(error.to_string());
+            Vec::new()
+        }
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    run.history.phase("load");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut report = run
+        .finish(
+            "cql-node-pause",
+            format!(
+                "SIGSTOP of Cassandra node 3 for {} s (request timeout 2 s), then SIGCONT",
+                PAUSE.as_secs()
+            ),
+            recovery_ms,
+            notes,
+            false,
+        )
+        .await?;
+    let paused = error_rate(&report.verdict, &["paused"]);
+    report.notes.push(format!(
+        "errors while node 3 was paused: {:.2}% of calls",
+        paused * 100.0
+    ));
+    if paused > PAUSE_MAX_ERRORS {
+        report.verdict.unexpected.push(format!(
+            "{:.2}% of calls failed with one node of three paused (at most {:.0}%)",
+            paused * 100.0,
+            PAUSE_MAX_ERRORS * 100.0
+        ));
+    }
+    if report.recovery_ms.is_empty() {
+        report
+            .verdict
+            .unexpected
+            .push("calls did not succeed within 30 s of the resume".into());
+    }
+    Ok(report)
+}
+
+/// How long `cql-node-pause` keeps node 3 stopped.
+const PAUSE: Duration = Duration::from_secs(8);
+
+/// The share of calls that may fail while one node of three is paused.
+const PAUSE_MAX_ERRORS: f64 = 0.05;
 
 /// `nodes` killed (2 and 3: no quorum; all three: the whole cluster), then
 /// restarted from their data: while the quorum is gone only retryable

@@ -26,10 +26,8 @@
 //! lease has run out are dropped, and if none has, nothing more is kept until
 //! some are taken.
 //!
-//! Off for stores that say so ([`crate::store::Store::trusts_granted_records`]):
-//! the CQL backend, where the fault suite's whole-cluster restart lost
-//! acknowledged writes with it on (5 runs of 5); see that method for what
-//! is known.
+//! Off for stores that say so ([`crate::store::Store::trusts_granted_records`];
+//! none does today).
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -342,36 +342,24 @@ pub trait Store: Send + Sync + 'static {
     fn backend_name(&self) -> &'static str;
 
     /// Whether Claim looks a key up before trying to create it. `true` (the
-    /// default, every backend today) reads first. `false` lets the engine go
-    /// straight to the conditional insert, which reports the existing record
-    /// anyway: for a backend whose read is a network round trip (CQL: a
-    /// QUORUM read, and `INSERT … IF NOT EXISTS` returns the row it did not
-    /// replace) that saves the round trip per fresh key. CQL measured it in
-    /// issue 15 and keeps `true` for now: see the module docs of
-    /// `store::cql`. The engine's tests cover the `false` path
-    /// (`MemoryStore::inserting_first`).
+    /// default) reads first. `false` lets the engine go straight to the
+    /// conditional insert, which reports the existing record anyway: for a
+    /// backend whose read is a network round trip (CQL: a QUORUM read,
+    /// where `INSERT … IF NOT EXISTS` returns the row it did not replace)
+    /// that saves the round trip per fresh key. The engine's tests cover
+    /// the `false` path (`MemoryStore::inserting_first`).
     fn read_before_insert(&self) -> bool {
         true
     }
 
     /// Whether the engine may finish a claim it granted from its own copy
     /// of the record, going straight to the holder's conditional write
-    /// without reading first (see `engine::granted`). `true` (the default)
-    /// where one process applies every write in order (embedded, memory).
-    ///
-    /// `false` for CQL, from measurement rather than proof. With it on
-    /// (and the Claim's read off), the fault suite's `cql-cluster-restart`
-    /// (every Cassandra node killed with `SIGKILL`, then restarted) lost
-    /// acknowledged claims and completions in 5 runs of 5 (1 to 7 keys of
-    /// ~1,000: a claim whose Complete then found no row, a Complete
-    /// acknowledged and read back IN_PROGRESS, a key claimed twice). With
-    /// it off it passed 3 times, then lost 3 claims in the fourth run (more
-    /// keys per run than the passing ones); with both reads back it passed
-    /// 2 runs of 2, as every run before issue 15 did. The losses grow with
-    /// the write rate at the moment the cluster dies, so a lower rate may
-    /// only hide the same defect; the suspect is how Paxos v2 commits an
-    /// LWT acknowledged right before every replica dies. Until it is
-    /// understood, a lease holder's write on CQL reads first.
+    /// without reading first (see `engine::granted`). The condition (state
+    /// and lease token) still decides; a backend answers `false` only if
+    /// its conditional write cannot be trusted to fence a stale copy.
+    /// Every backend answers `true`. (CQL answered `false` until issue 27
+    /// traced the losses that motivated it to the test cluster's periodic
+    /// commit log: module docs of `store::cql`.)
     fn trusts_granted_records(&self) -> bool {
         true
     }

@@ -29,4 +29,5 @@ mod grpc_cql;
 mod keys_cql;
 mod pending_cql;
 mod proxy_cql;
+mod round_trips_cql;
 mod store_cql;

@@ -9,6 +9,7 @@ use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
 use scylla::policies::load_balancing::DefaultPolicy;
+use scylla::policies::speculative_execution::SimpleSpeculativeExecutionPolicy;
 use scylla::statement::{Consistency, SerialConsistency};
 
 use crate::store::{StoreError, StoreResult};
@@ -190,6 +191,24 @@ fn tls_config(path: &std::path::Path) -> Result<Arc<rustls::ClientConfig>, Store
     Ok(Arc::new(config))
 }
 
+/// How often each connection sends a CQL `OPTIONS` probe. A node that is
+/// alive to the kernel but does not answer (a stopped process, a long GC
+/// pause, a stalled VM) keeps its TCP connections open, so only a probe
+/// tells it from a slow one; the driver's default (30 s) kept sending a
+/// third of the requests of a 3-node cluster into such a node for the
+/// whole pause (`idemd-faults`' `cql-node-pause`, docs/reliability.md).
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+
+/// How long a probe may go unanswered before its connection is closed and
+/// the node left out of query plans until it answers a new connection.
+/// Longer than any healthy answer to `OPTIONS` (no disk, no Paxos).
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// When an idempotent statement (never an LWT) is sent again to another
+/// node while the first has not answered: far above a healthy read's or
+/// plain write's latency, so a loaded cluster is not sent double work.
+pub const SPECULATIVE_AFTER: Duration = Duration::from_millis(250);
+
 /// Connects a session with the options' consistency, timeouts, TLS and
 /// credentials.
 pub async fn connect(options: &CqlOptions) -> StoreResult<Session> {
@@ -202,10 +221,18 @@ pub async fn connect(options: &CqlOptions) -> StoreResult<Session> {
         .serial_consistency(Some(options.consistency.serial()))
         .request_timeout(Some(options.request_timeout))
         .load_balancing_policy(policy.build())
+        // Only statements marked idempotent (reads and the index's plain
+        // writes, see `statements`) are ever sent twice.
+        .speculative_execution_policy(Some(Arc::new(SimpleSpeculativeExecutionPolicy {
+            max_retry_count: 2,
+            retry_interval: SPECULATIVE_AFTER,
+        })))
         .build();
     let mut builder = SessionBuilder::new()
         .known_nodes(&options.nodes)
         .connection_timeout(Duration::from_secs(5))
+        .keepalive_interval(KEEPALIVE_INTERVAL)
+        .keepalive_timeout(KEEPALIVE_TIMEOUT)
         .default_execution_profile_handle(profile.into_handle());
     if let (Some(user), Some(password)) = (&options.username, &options.password) {
         builder = builder.user(user.clone(), password.clone());

@@ -54,16 +54,23 @@
 //!
 //! # Round trips of a fresh pair
 //!
-//! Claim: a QUORUM read, the index entry, `INSERT … IF NOT EXISTS`.
-//! Complete: a QUORUM read, `UPDATE … IF`, the index delete. The raw
-//! statements need only the two LWTs. Issue 15 measured dropping both reads
-//! (the insert returns the row it found; the engine remembers the claims it
-//! granted) and moving the delete off the reply path: CQL pairs went from
-//! 0.31-0.54x to 0.46-0.70x of raw LWTs, but the fault suite's
-//! `cql-cluster-restart` then lost acknowledged claims in 6 runs of 7, and
-//! not once in 5 runs with these paths as they are. Until that is
-//! understood the paths stay as they are; see
-//! [`Store::read_before_insert`] and [`Store::trusts_granted_records`].
+//! Claim: the index entry (a plain write), then `INSERT … IF NOT EXISTS`,
+//! which returns the row it did not replace, so no read comes first
+//! ([`Store::read_before_insert`] is `false`). Complete: `UPDATE … IF`
+//! built from the record the engine granted (`engine::granted`), then the
+//! index delete after the reply ([`CqlStore::index_after_completion`]). Two
+//! LWTs and one plain write on the reply path, where the raw statements
+//! need the two LWTs; the index entry stays before the insert because a
+//! crash between the two must not hide a claim (above).
+//!
+//! Issue 15 measured this path and kept both reads: without them the fault
+//! suite's `cql-cluster-restart` (every node SIGKILLed at once) lost
+//! acknowledged claims. Issue 27 found the cause in the test cluster:
+//! Cassandra's `commitlog_sync: periodic` acknowledges writes (LWTs
+//! included) that a SIGKILL of every replica then loses, and the faster
+//! path only had more of them in flight. On `commitlog_sync: batch`, the
+//! setting docs/scylla.md prescribes, this path lost nothing in the runs
+//! recorded in docs/reliability.md.
 //!
 //! Nothing correctness-critical lives in one replica's memory, so any number
 //! of idemd replicas can share a keyspace.
@@ -87,7 +94,7 @@ use scylla::value::CqlValue;
 
 use super::{
     CasOutcome, Expected, InsertOutcome, PendingCounts, PendingPage, PendingQuery, Record,
-    RecordKey, Store, StoreError, StoreResult,
+    RecordKey, RecordState, Store, StoreError, StoreResult,
 };
 use crate::crypto::Keyring;
 use connection::unavailable;
@@ -141,6 +148,9 @@ pub struct CqlStore {
     stats: Arc<CqlStats>,
     /// Seals and opens the `response` column; `None` writes it in clear.
     keyring: Option<Arc<Keyring>>,
+    /// Permits of the index cleanups that run after the reply
+    /// ([`pending::DETACHED_CLEANUPS`]).
+    cleanups: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for CqlStore {
@@ -286,6 +296,7 @@ impl CqlStore {
             max_ttl_seconds: i32::try_from(options.max_ttl.as_secs()).unwrap_or(i32::MAX),
             stats: Arc::new(CqlStats::default()),
             keyring,
+            cleanups: Arc::new(tokio::sync::Semaphore::new(pending::DETACHED_CLEANUPS)),
         })
     }
 
@@ -467,6 +478,9 @@ impl CqlStore {
     }
 }
 
+/// How long [`Store::close`] waits for the index cleanups in flight.
+const CLOSE_DRAIN: Duration = Duration::from_secs(2);
+
 /// How many times an insert is retried when the row vanished or expired
 /// between statements.
 const INSERT_ROUNDS: usize = 5;
@@ -477,9 +491,9 @@ impl Store for CqlStore {
         "cql"
     }
 
-    /// See [`Store::trusts_granted_records`] and the module docs: off on
-    /// CQL until the whole-cluster-restart loss is understood.
-    fn trusts_granted_records(&self) -> bool {
+    /// `INSERT … IF NOT EXISTS` returns the row it did not replace: no
+    /// read before it (see the module docs, "Round trips of a fresh pair").
+    fn read_before_insert(&self) -> bool {
         false
     }
 
@@ -542,13 +556,12 @@ impl Store for CqlStore {
             },
         };
         if applied {
-            self.index_after_write(
-                id,
-                (expected.state, expected.pending_since_ms),
-                Some(record),
-                now_ms,
-            )
-            .await;
+            let old = (expected.state, expected.pending_since_ms);
+            if record.state == RecordState::Completed {
+                self.index_after_completion(id, old, record, now_ms).await;
+            } else {
+                self.index_after_write(id, old, Some(record), now_ms).await;
+            }
             return Ok(CasOutcome::Applied);
         }
         // Not applied: the result may not carry the row (Cassandra returns
@@ -648,8 +661,9 @@ impl Store for CqlStore {
     }
 
     async fn close(&self) -> StoreResult<()> {
-        // Every write is acknowledged by the cluster before it returns;
-        // nothing is buffered here.
+        // Every record write is acknowledged by the cluster before it
+        // returns; only index cleanups may still be in flight.
+        self.drain_cleanups(CLOSE_DRAIN).await;
         Ok(())
     }
 }

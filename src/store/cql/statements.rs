@@ -190,6 +190,29 @@ impl Statements {
                 statement.set_request_timeout(Some(timeout));
             }
         }
+        // Every statement that is not an LWT may run twice without harm: a
+        // read, or a plain write of fixed values (a later write of the same
+        // row comes from a later request, after this one returned). Marked
+        // idempotent, they get the session's speculative executions (see
+        // `connection::SPECULATIVE_AFTER`): a coordinator that stopped
+        // answering (a paused node) costs them a few hundred milliseconds,
+        // not the request timeout. An LWT is never sent twice: its outcome
+        // after a timeout is decided by a SERIAL read.
+        for statement in [
+            &mut statements.select,
+            &mut statements.select_serial,
+            &mut statements.bucket_put,
+            &mut statements.bucket_delete,
+            &mut statements.bucket_scan,
+            &mut statements.bucket_drop,
+            &mut statements.overdue_put,
+            &mut statements.overdue_delete,
+            &mut statements.overdue_scan,
+            &mut statements.cursor_read,
+            &mut statements.cursor_all,
+        ] {
+            statement.set_is_idempotent(true);
+        }
         Ok(statements)
     }
 }

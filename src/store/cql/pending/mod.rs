@@ -49,9 +49,11 @@ pub(super) mod scan;
 pub(super) mod seal;
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use scylla::client::session::Session;
+use scylla::statement::prepared::PreparedStatement;
 use scylla::value::CqlValue;
 
 use super::rows::NamedRow;
@@ -261,17 +263,10 @@ impl CqlStore {
         Ok(())
     }
 
-    /// Best effort: deletes the entry a record in `state`, due at `due`,
-    /// had. An IN_PROGRESS entry due long enough ago may have been moved to
-    /// `pending_overdue` by the sealer, so it is deleted there too. A
-    /// failure only leaves a stale entry, which readers skip and delete.
-    pub(super) async fn index_remove(
-        &self,
-        id: &RecordKey,
-        state: RecordState,
-        due: i64,
-        now_ms: i64,
-    ) {
+    /// Where the entry of a record in `state`, due at `due`, may be. An
+    /// IN_PROGRESS entry due long enough ago may have been moved to
+    /// `pending_overdue` by the sealer, so it is looked for there too.
+    fn slots_of(&self, state: RecordState, due: i64, now_ms: i64) -> Vec<Slot> {
         let mut slots = Vec::with_capacity(2);
         if state == RecordState::InProgress {
             slots.push(Slot::Bucket(bucket_of(due)));
@@ -281,35 +276,21 @@ impl CqlStore {
         } else {
             slots.push(Slot::Overdue);
         }
-        self.index_delete(id, due, &slots).await;
+        slots
     }
 
     /// Best effort: deletes one entry from `slots`; failures are logged at
     /// debug and left for readers.
     pub(super) async fn index_delete(&self, id: &RecordKey, due: i64, slots: &[Slot]) {
-        let shard = shard_of(&id.endpoint, &id.key);
-        for slot in slots {
-            let result = match slot {
-                Slot::Bucket(bucket) => {
-                    self.session
-                        .execute_unpaged(
-                            &self.statements.bucket_delete,
-                            (&id.tenant, *bucket, shard, due, &id.endpoint, &id.key),
-                        )
-                        .await
-                }
-                Slot::Overdue => {
-                    self.session
-                        .execute_unpaged(
-                            &self.statements.overdue_delete,
-                            (&id.tenant, shard, due, &id.endpoint, &id.key),
-                        )
-                        .await
-                }
-            };
-            if let Err(error) = result {
-                tracing::debug!(%error, "pending index cleanup failed; left for lazy removal");
-            }
+        self.cleaner().delete(id, due, slots).await;
+    }
+
+    /// What deletes index entries, detached from this store's lifetime.
+    fn cleaner(&self) -> Cleaner {
+        Cleaner {
+            session: Arc::clone(&self.session),
+            bucket_delete: self.statements.bucket_delete.clone(),
+            overdue_delete: self.statements.overdue_delete.clone(),
         }
     }
 
@@ -321,21 +302,124 @@ impl CqlStore {
     pub(super) async fn index_after_write(
         &self,
         id: &RecordKey,
-        (old_state, old_due): (RecordState, Option<i64>),
+        old: (RecordState, Option<i64>),
         new: Option<&Record>,
         now_ms: i64,
     ) {
-        let Some(old_due) = old_due else { return };
+        if let Some((due, slots)) = self.stale_after_write(old, new, now_ms) {
+            self.index_delete(id, due, &slots).await;
+        }
+    }
+
+    /// [`CqlStore::index_after_write`] off the reply path, for a write
+    /// that made the record COMPLETED: the caller's answer does not wait
+    /// for a cleanup that only saves readers a verification. Only then,
+    /// because a completed record never enters the index again under the
+    /// entry it leaves (it can be claimed again only once expired, with a
+    /// later due instant), so the late delete can never remove a newer
+    /// entry with the same primary key (writes here carry server
+    /// timestamps: the later arrival wins). A crash before the delete lands
+    /// leaves a stale entry, as any failed cleanup does. At most
+    /// [`DETACHED_CLEANUPS`] run at once; past that the caller waits, so an
+    /// overloaded cluster slows the replies instead of growing a queue.
+    pub(super) async fn index_after_completion(
+        &self,
+        id: &RecordKey,
+        old: (RecordState, Option<i64>),
+        new: &Record,
+        now_ms: i64,
+    ) {
+        debug_assert_eq!(new.state, RecordState::Completed);
+        let Some((due, slots)) = self.stale_after_write(old, Some(new), now_ms) else {
+            return;
+        };
+        let Ok(permit) = Arc::clone(&self.cleanups).try_acquire_owned() else {
+            self.index_delete(id, due, &slots).await;
+            return;
+        };
+        let cleaner = self.cleaner();
+        let id = id.clone();
+        tokio::spawn(async move {
+            cleaner.delete(&id, due, &slots).await;
+            drop(permit);
+        });
+    }
+
+    /// Waits (at most `limit`) for the detached cleanups in flight, so a
+    /// graceful stop leaves no stale entry behind.
+    pub(super) async fn drain_cleanups(&self, limit: Duration) {
+        let all = u32::try_from(DETACHED_CLEANUPS).unwrap_or(u32::MAX);
+        let drained = tokio::time::timeout(limit, self.cleanups.acquire_many(all)).await;
+        if drained.is_err() {
+            tracing::debug!("pending index cleanups still in flight at close; readers drop them");
+        }
+    }
+
+    /// The entries made stale by a write (see
+    /// [`CqlStore::index_after_write`]): the old due instant and its slots.
+    fn stale_after_write(
+        &self,
+        (old_state, old_due): (RecordState, Option<i64>),
+        new: Option<&Record>,
+        now_ms: i64,
+    ) -> Option<(i64, Vec<Slot>)> {
+        let old_due = old_due?;
         match new.filter(|new| new.pending_since_ms() == Some(old_due)) {
-            None => self.index_remove(id, old_state, old_due, now_ms).await,
+            None => Some((old_due, self.slots_of(old_state, old_due, now_ms))),
             Some(new)
                 if old_state == RecordState::InProgress && new.state != RecordState::InProgress =>
             {
-                self.index_delete(id, old_due, &[Slot::Bucket(bucket_of(old_due))])
-                    .await;
+                Some((old_due, vec![Slot::Bucket(bucket_of(old_due))]))
             }
             // Same table, same row: the new entry is the old one.
-            Some(_) => {}
+            Some(_) => None,
+        }
+    }
+}
+
+/// Detached index cleanups in flight at most (see
+/// [`CqlStore::index_after_completion`]): far above what one replica's
+/// completions keep in flight while the cluster answers in milliseconds.
+pub(super) const DETACHED_CLEANUPS: usize = 1024;
+
+/// What an index delete needs, owned, so it can outlive the request that
+/// started it.
+pub(super) struct Cleaner {
+    /// The store's session.
+    session: Arc<Session>,
+    /// `pending_buckets` delete.
+    bucket_delete: PreparedStatement,
+    /// `pending_overdue` delete.
+    overdue_delete: PreparedStatement,
+}
+
+impl Cleaner {
+    /// Best effort: deletes the entry (`due`, endpoint, key) from each of
+    /// `slots`; failures are logged at debug and left for readers.
+    async fn delete(&self, id: &RecordKey, due: i64, slots: &[Slot]) {
+        let shard = shard_of(&id.endpoint, &id.key);
+        for slot in slots {
+            let result = match slot {
+                Slot::Bucket(bucket) => {
+                    self.session
+                        .execute_unpaged(
+                            &self.bucket_delete,
+                            (&id.tenant, *bucket, shard, due, &id.endpoint, &id.key),
+                        )
+                        .await
+                }
+                Slot::Overdue => {
+                    self.session
+                        .execute_unpaged(
+                            &self.overdue_delete,
+                            (&id.tenant, shard, due, &id.endpoint, &id.key),
+                        )
+                        .await
+                }
+            };
+            if let Err(error) = result {
+                tracing::debug!(%error, "pending index cleanup failed; left for lazy removal");
+            }
         }
     }
 }

@@ -1,0 +1,167 @@
+//! What a fresh pair costs on the CQL store (issue 27): no read on the
+//! reply path of a Claim of a new key or of its holder's Complete, while a
+//! Complete with a token the replica did not grant still reads and is
+//! refused by the condition.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::common::*;
+use idemd::proto::v1 as pb;
+use idemd::store::cql::CqlStore;
+use idemd::store::{
+    CasOutcome, Expected, InsertOutcome, PendingCounts, PendingPage, PendingQuery, Record,
+    RecordKey, Store, StoreResult,
+};
+
+/// The CQL store, counting the reads the engine asks for.
+struct CountingReads {
+    /// The store under test.
+    inner: CqlStore,
+    /// Calls of [`Store::get`].
+    gets: Arc<AtomicU64>,
+}
+
+#[async_trait]
+impl Store for CountingReads {
+    fn backend_name(&self) -> &'static str {
+        self.inner.backend_name()
+    }
+    fn read_before_insert(&self) -> bool {
+        self.inner.read_before_insert()
+    }
+    fn trusts_granted_records(&self) -> bool {
+        self.inner.trusts_granted_records()
+    }
+    async fn get(&self, id: &RecordKey, now_ms: i64) -> StoreResult<Option<Record>> {
+        self.gets.fetch_add(1, Ordering::SeqCst);
+        self.inner.get(id, now_ms).await
+    }
+    async fn insert_if_absent(&self, record: &Record, now_ms: i64) -> StoreResult<InsertOutcome> {
+        self.inner.insert_if_absent(record, now_ms).await
+    }
+    async fn replace_if(
+        &self,
+        record: &Record,
+        expected: &Expected,
+        now_ms: i64,
+    ) -> StoreResult<CasOutcome> {
+        self.inner.replace_if(record, expected, now_ms).await
+    }
+    async fn delete_if(
+        &self,
+        id: &RecordKey,
+        expected: &Expected,
+        now_ms: i64,
+    ) -> StoreResult<CasOutcome> {
+        self.inner.delete_if(id, expected, now_ms).await
+    }
+    async fn list_pending(&self, query: &PendingQuery, now_ms: i64) -> StoreResult<PendingPage> {
+        self.inner.list_pending(query, now_ms).await
+    }
+    fn maintenance_interval(&self) -> Option<Duration> {
+        self.inner.maintenance_interval()
+    }
+    async fn maintain(&self, now_ms: i64) -> StoreResult<()> {
+        self.inner.maintain(now_ms).await
+    }
+    async fn pending_summary(
+        &self,
+        tenant: &str,
+        now_ms: i64,
+    ) -> StoreResult<Option<PendingCounts>> {
+        self.inner.pending_summary(tenant, now_ms).await
+    }
+    async fn sweep_expired(&self, now_ms: i64, max_records: usize) -> StoreResult<usize> {
+        self.inner.sweep_expired(now_ms, max_records).await
+    }
+    async fn close(&self) -> StoreResult<()> {
+        self.inner.close().await
+    }
+}
+
+/// Fresh pairs read nothing; a forged lease token is read and refused.
+/// Fails if the CQL store asks for a read before its insert
+/// (`read_before_insert`) or the engine reads before the holder's update
+/// (`trusts_granted_records`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_pair_reads_nothing_and_a_forged_token_is_still_refused() {
+    let options = crate::cql_support::migrated_options().await;
+    let gets = Arc::new(AtomicU64::new(0));
+    let counted = gets.clone();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut settings = test_settings(dir.path());
+    settings.store = idemd::config::StoreSettings::Cql(options.clone());
+    let factory: StoreFactory = Box::pin(async move {
+        let store: Arc<dyn Store> = Arc::new(CountingReads {
+            inner: CqlStore::open(&options).await?,
+            gets: counted,
+        });
+        Ok(store)
+    });
+    let mut server = TestServer::start(dir, settings, Some(factory)).await;
+    let tenant = "round-trips";
+    let run = std::process::id();
+    for i in 0..20 {
+        let key = format!("fresh-{run}-{i}");
+        let answer = server
+            .client
+            .claim(as_tenant(tenant, claim(PAYMENTS, &key, 10)))
+            .await
+            .expect("claim")
+            .into_inner();
+        let lease = claimed(&answer);
+        server
+            .client
+            .complete(as_tenant(
+                tenant,
+                pb::CompleteRequest {
+                    endpoint: PAYMENTS.into(),
+                    key: key.clone(),
+                    lease_token: lease.lease_token.clone(),
+                    response: Some(sample_response("ok")),
+                },
+            ))
+            .await
+            .expect("complete");
+    }
+    assert_eq!(
+        gets.load(Ordering::SeqCst),
+        0,
+        "store reads on the reply path of 20 fresh pairs"
+    );
+
+    let key = format!("forged-{run}");
+    let answer = server
+        .client
+        .claim(as_tenant(tenant, claim(PAYMENTS, &key, 10)))
+        .await
+        .expect("claim")
+        .into_inner();
+    let _held = claimed(&answer);
+    let refused = server
+        .client
+        .complete(as_tenant(
+            tenant,
+            pb::CompleteRequest {
+                endpoint: PAYMENTS.into(),
+                key: key.clone(),
+                lease_token: "not-the-granted-token".into(),
+                response: Some(sample_response("forged")),
+            },
+        ))
+        .await
+        .expect_err("a forged token must be refused");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(
+        gets.load(Ordering::SeqCst) >= 1,
+        "a token this replica did not grant is checked against the stored record"
+    );
+}
