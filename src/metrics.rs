@@ -63,6 +63,14 @@ pub const PROXY_UPSTREAM_DURATION: &str = "idemd_proxy_upstream_duration_seconds
 /// Label values replaced by `_other` because of the cardinality cap.
 pub const LABEL_OVERFLOW: &str = "idemd_metric_label_overflow_total";
 
+/// This replica's clock minus the cluster's (the store's), in seconds, at
+/// the last maintenance step (`engine::skew`); absent on stores of one
+/// process.
+pub const CLOCK_OFFSET: &str = "idemd_clock_offset_seconds";
+/// Takeovers of expired leases this replica refused because its clock may
+/// be further from the cluster's than half of `max_clock_skew`.
+pub const TAKEOVERS_REFUSED: &str = "idemd_takeovers_refused_total";
+
 /// The value that replaces label values beyond the cap.
 pub const OVERFLOW_VALUE: &str = "_other";
 
@@ -136,6 +144,15 @@ pub fn describe() {
         "Size of stored responses."
     );
     describe_gauge!(BUILD_INFO, "Build information.");
+    describe_gauge!(
+        CLOCK_OFFSET,
+        metrics::Unit::Seconds,
+        "This replica's clock minus the cluster's, measured at each maintenance step."
+    );
+    describe_counter!(
+        TAKEOVERS_REFUSED,
+        "Takeovers of expired leases refused because this replica's clock may be more than half of max_clock_skew off the cluster's."
+    );
     describe_counter!(
         PROXY_REQUESTS,
         "Requests through idemd proxy by outcome (executed, replayed, in_progress, mismatch, pending, rejected, passthrough, released, upstream_unavailable, upstream_unknown, too_large, unrecorded)."

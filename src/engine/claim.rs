@@ -126,7 +126,14 @@ impl Engine {
                     .max(1)
                     .unsigned_abs(),
             );
-            let sleep_until = deadline.min(now + poll.min(lease_left));
+            // A lease already past (a takeover this replica refused, see
+            // `skew`) wakes at the poll, not in a loop of 1 ms reads.
+            let wake_in = if lease_left > Duration::from_millis(1) {
+                poll.min(lease_left)
+            } else {
+                poll
+            };
+            let sleep_until = deadline.min(now + wake_in);
             tokio::select! {
                 () = &mut notified => {}
                 () = tokio::time::sleep_until(sleep_until) => {}
@@ -203,6 +210,16 @@ impl Engine {
                     return Ok(outcome);
                 }
                 Decision::TakeOver => {
+                    if let Some(why) = self.skew.refuses_takeover(request.policy.max_clock_skew) {
+                        // Not this replica's call: its clock may be far
+                        // enough off that the lease is still running.
+                        metrics::counter!(crate::metrics::TAKEOVERS_REFUSED).increment(1);
+                        tracing::warn!(reason = %why, "takeover of an expired lease refused");
+                        return Ok(ClaimOutcome::InProgress {
+                            retry_after: RETRY_AFTER_HINT,
+                            lease_expires_at_ms: existing.lease_expires_at_ms,
+                        });
+                    }
                     let mut record = request.new_record(now, existing.attempt.saturating_add(1));
                     // The dedup window is the original one; a takeover never
                     // extends it.

@@ -29,6 +29,8 @@
 //! * `finish`: what a lease holder does: Complete, Fail, ExtendLease;
 //! * `reconcile`: ListPending, Reconcile, the pending gauges' summary;
 //! * `transitions`: the event of every transition and the audit trail;
+//! * [`skew`]: this replica's clock against the cluster's, and the
+//!   takeovers it refuses while they may be too far apart;
 //! * [`cache`], [`granted`], [`waiters`], [`limits`], [`policy`],
 //!   [`validate`], [`error`]: the pieces those use.
 //!
@@ -41,6 +43,7 @@ pub mod error;
 pub mod granted;
 pub mod limits;
 pub mod policy;
+pub mod skew;
 pub mod validate;
 pub mod waiters;
 
@@ -74,6 +77,7 @@ pub use types::{
 
 use cache::CompletedCache;
 use granted::Granted;
+use skew::Skew;
 use waiters::Waiters;
 
 /// How often a conditional write may lose a race before the operation gives
@@ -106,6 +110,9 @@ pub struct Engine {
     audit: Option<Arc<dyn AuditLog>>,
     /// Per-tenant limit on creating keys; `None` = unlimited.
     claim_limiter: Option<ClaimLimiter>,
+    /// This replica's clock against the cluster's: a replica that may be
+    /// too far off takes no lease over (see [`skew`]).
+    skew: Skew,
 }
 
 impl std::fmt::Debug for Engine {
@@ -149,6 +156,7 @@ impl Engine {
             cache: CompletedCache::new(cache_bytes),
             audit: None,
             claim_limiter: None,
+            skew: Skew::default(),
         }
     }
 
@@ -247,8 +255,18 @@ impl Engine {
 
     /// The store's background upkeep, at the engine's clock (see
     /// [`Store::maintain`]).
+    /// Also measures this replica's clock against the cluster's first
+    /// (see [`skew`]); a failed measurement keeps the last one.
     pub async fn maintain_store(&self) -> EngineResult<()> {
+        if let Err(error) = self.skew.measure(self.store.as_ref(), &self.clock).await {
+            tracing::debug!(%error, "clock offset not measured");
+        }
         Ok(self.store.maintain(self.now()).await?)
+    }
+
+    /// This replica's last measured clock offset against the cluster's.
+    pub fn clock_offset(&self) -> Option<skew::Offset> {
+        self.skew.last()
     }
 
     /// Removes expired records, then audit events past their retention, in

@@ -11,9 +11,9 @@ use crate::clock::{Clock, ManualClock};
 use crate::store::memory::{MemoryStore, WriteFault};
 use crate::store::{RecordState, StoreError, StoredResponse};
 
-const TENANT: &str = "acme";
+pub(super) const TENANT: &str = "acme";
 const PAY: &str = "POST /v1/payments";
-const TAKEOVER: &str = "POST /v1/takeover";
+pub(super) const TAKEOVER: &str = "POST /v1/takeover";
 
 struct Harness {
     engine: Engine,
@@ -22,7 +22,7 @@ struct Harness {
 }
 
 /// The default policies, and takeover on [`TAKEOVER`].
-fn policies() -> PolicySet {
+pub(super) fn policies() -> PolicySet {
     let mut policies = PolicySet::default();
     policies.endpoints.insert(
         TAKEOVER.to_string(),
@@ -60,7 +60,7 @@ fn replica(store: Arc<MemoryStore>, clock: &ManualClock, cache_bytes: usize) -> 
     )
 }
 
-fn input(endpoint: &str, key: &str, body: &str) -> ClaimInput {
+pub(super) fn input(endpoint: &str, key: &str, body: &str) -> ClaimInput {
     ClaimInput {
         endpoint: endpoint.to_string(),
         key: key.to_string(),

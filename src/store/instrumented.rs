@@ -126,6 +126,10 @@ impl Store for InstrumentedStore {
         )
     }
 
+    async fn cluster_time_ms(&self) -> StoreResult<Option<i64>> {
+        self.inner.cluster_time_ms().await
+    }
+
     async fn sweep_expired(&self, now_ms: i64, max_records: usize) -> StoreResult<usize> {
         measured!(self, "sweep", self.inner.sweep_expired(now_ms, max_records))
     }

@@ -162,6 +162,10 @@ pub struct MemoryStore {
     /// The answer of [`Store::read_before_insert`]: `false` makes the engine
     /// treat this store like the CQL backend (engine tests of that path).
     insert_first: bool,
+    /// The clock [`Store::cluster_time_ms`] reads, standing in for a
+    /// shared cluster's (engine tests of clock offsets); `None` answers
+    /// `None`, as a store of one process does.
+    cluster_clock: Option<crate::clock::ManualClock>,
 }
 
 impl MemoryStore {
@@ -177,6 +181,14 @@ impl MemoryStore {
             insert_first: true,
             ..Self::default()
         }
+    }
+
+    /// A store that reports `clock` as the cluster's clock
+    /// ([`Store::cluster_time_ms`]).
+    #[must_use]
+    pub fn with_cluster_clock(mut self, clock: crate::clock::ManualClock) -> Self {
+        self.cluster_clock = Some(clock);
+        self
     }
 
     /// Makes the next write (insert, replace or delete; reads are not
@@ -320,6 +332,11 @@ impl Store for MemoryStore {
             }
         }
         Ok(page)
+    }
+
+    async fn cluster_time_ms(&self) -> StoreResult<Option<i64>> {
+        use crate::clock::Clock;
+        Ok(self.cluster_clock.as_ref().map(Clock::now_ms))
     }
 
     async fn sweep_expired(&self, now_ms: i64, max_records: usize) -> StoreResult<usize> {

@@ -424,6 +424,15 @@ pub trait Store: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// The store's own clock, in ms since the epoch, read from the store
+    /// itself: a common reference against which each replica measures its
+    /// clock's offset (`engine::skew`). CQL: the coordinator's clock.
+    /// `None` (the default) for a backend only one process uses, which has
+    /// no other clock to disagree with.
+    async fn cluster_time_ms(&self) -> StoreResult<Option<i64>> {
+        Ok(None)
+    }
+
     /// Physically removes up to `max_records` records expired at `now_ms`;
     /// returns how many were removed. Backends with native TTL return 0.
     async fn sweep_expired(&self, now_ms: i64, max_records: usize) -> StoreResult<usize>;

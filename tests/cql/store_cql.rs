@@ -31,3 +31,38 @@ async fn make_audit_log(retention: std::time::Duration) -> crate::audit_conforma
 }
 
 audit_conformance_suite!(make_audit_log);
+
+/// The cluster's clock that replicas measure their offset against
+/// (`engine::skew`): read from the coordinator, within a second of this
+/// machine's clock (the node runs here), and an engine over the store
+/// measures an offset of a few ms at most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_clock_is_read_from_the_coordinator() {
+    use idemd::clock::{Clock, SystemClock};
+    use idemd::store::Store;
+    let options = crate::cql_support::migrated_options().await;
+    let store: Arc<dyn Store> = Arc::new(CqlStore::open(&options).await.expect("open"));
+    let before = SystemClock.now_ms();
+    let cluster = store
+        .cluster_time_ms()
+        .await
+        .expect("read")
+        .expect("a CQL store has a cluster clock");
+    let after = SystemClock.now_ms();
+    assert!(
+        (before - 1_000..=after + 1_000).contains(&cluster),
+        "cluster clock {cluster} far from this machine's [{before}, {after}]"
+    );
+    let engine = idemd::engine::Engine::new(
+        store,
+        Arc::new(SystemClock),
+        Arc::new(idemd::engine::policy::PolicySet::default()),
+        0,
+    );
+    engine.maintain_store().await.expect("maintain");
+    let offset = engine.clock_offset().expect("measured");
+    assert!(
+        offset.offset_ms.abs() <= 50,
+        "offset to a node on the same machine: {offset:?}"
+    );
+}

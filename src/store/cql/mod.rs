@@ -655,6 +655,22 @@ impl Store for CqlStore {
         self.stored_summary(tenant).await
     }
 
+    /// The coordinator's clock: `toUnixTimestamp(now())` on `system.local`.
+    async fn cluster_time_ms(&self) -> StoreResult<Option<i64>> {
+        let result = self
+            .session
+            .execute_unpaged(&self.statements.cluster_time, ())
+            .await
+            .map_err(|e| unavailable("cluster clock read", e))?;
+        let rows = rows::named_rows(result)?;
+        match rows.first().and_then(|row| row.get("now_ms")) {
+            Some(Some(CqlValue::BigInt(ms))) => Ok(Some(*ms)),
+            other => Err(StoreError::Corrupt(format!(
+                "the cluster clock read returned {other:?}"
+            ))),
+        }
+    }
+
     async fn sweep_expired(&self, _now_ms: i64, _max_records: usize) -> StoreResult<usize> {
         // Native TTL removes expired rows; reads already hide them.
         Ok(0)

@@ -64,6 +64,8 @@ pub(super) struct Statements {
     pub(super) cursor_advance: PreparedStatement,
     /// The same, storing a fresh pending summary.
     pub(super) cursor_advance_with_summary: PreparedStatement,
+    /// The coordinator's clock (`Store::cluster_time_ms`).
+    pub(super) cluster_time: PreparedStatement,
 }
 
 impl Statements {
@@ -175,6 +177,10 @@ impl Statements {
                  WHERE tenant = ? IF watermark = ?"
             ))
             .await?,
+            cluster_time: prepare(
+                "SELECT toUnixTimestamp(now()) AS now_ms FROM system.local".to_string(),
+            )
+            .await?,
         };
         // The record LWTs only: a timed-out one is resolved by a SERIAL
         // read. The cursor's LWTs keep the request timeout: a failed one is
@@ -210,6 +216,7 @@ impl Statements {
             &mut statements.overdue_scan,
             &mut statements.cursor_read,
             &mut statements.cursor_all,
+            &mut statements.cluster_time,
         ] {
             statement.set_is_idempotent(true);
         }
