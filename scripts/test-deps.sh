@@ -4,12 +4,14 @@
 # wrote: tests/it/web.rs, the README's curl example), bash (the README and
 # docs/operations.md examples run as written), and unshare, nsenter and ip
 # (util-linux, iproute2: tests/it/protected_mode.rs and the fault suite's
-# full-disk scenario create network and mount namespaces of their own).
+# full-disk scenario create network and mount namespaces of their own), and
+# faketime (libfaketime: the fault suite's cql-clock-skew moves one
+# replica's wall clock).
 # Debian packages; needs root only when something is missing.
 set -euo pipefail
 missing=()
 # tool:package
-for pair in curl:curl bash:bash unshare:util-linux nsenter:util-linux ip:iproute2; do
+for pair in curl:curl bash:bash unshare:util-linux nsenter:util-linux ip:iproute2 faketime:faketime; do
     tool=${pair%%:*}
     package=${pair#*:}
     if ! command -v "$tool" >/dev/null 2>&1; then

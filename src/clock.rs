@@ -15,6 +15,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub trait Clock: Send + Sync + 'static {
     /// The current instant in milliseconds since the Unix epoch.
     fn now_ms(&self) -> i64;
+
+    /// Whether this clock follows real time, so that comparing it with a
+    /// cluster's clock means something (`engine::skew`). A test's manual
+    /// clock answers `false`: it is as far off as the test moves it.
+    fn follows_real_time(&self) -> bool {
+        true
+    }
 }
 
 /// The real wall clock.
@@ -62,6 +69,10 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_ms(&self) -> i64 {
         self.now_ms.load(Ordering::SeqCst)
+    }
+
+    fn follows_real_time(&self) -> bool {
+        false
     }
 }
 

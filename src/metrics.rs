@@ -67,8 +67,9 @@ pub const LABEL_OVERFLOW: &str = "idemd_metric_label_overflow_total";
 /// the last maintenance step (`engine::skew`); absent on stores of one
 /// process.
 pub const CLOCK_OFFSET: &str = "idemd_clock_offset_seconds";
-/// Takeovers of expired leases this replica refused because its clock may
-/// be further from the cluster's than half of `max_clock_skew`.
+/// Claims of keys whose lease looked expired by this replica's clock,
+/// answered IN_PROGRESS (no takeover, no pending answer) because that clock
+/// may be further from the cluster's than half of `max_clock_skew`.
 pub const TAKEOVERS_REFUSED: &str = "idemd_takeovers_refused_total";
 
 /// The value that replaces label values beyond the cap.
@@ -151,7 +152,7 @@ pub fn describe() {
     );
     describe_counter!(
         TAKEOVERS_REFUSED,
-        "Takeovers of expired leases refused because this replica's clock may be more than half of max_clock_skew off the cluster's."
+        "Claims of keys whose lease looked expired here, answered IN_PROGRESS (no takeover, no pending answer) because this replica's clock may be more than half of max_clock_skew off the cluster's."
     );
     describe_counter!(
         PROXY_REQUESTS,

@@ -98,6 +98,11 @@ impl Cluster {
         .await
     }
 
+    /// The `idemd` flags that point a replica at this cluster.
+    pub fn flags(&self) -> Vec<String> {
+        self.flags.clone()
+    }
+
     /// Stops every node.
     pub async fn stop(&self) -> anyhow::Result<()> {
         Self::run(&self.script, &self.commitlog_sync, &["stop"]).await
@@ -156,6 +161,18 @@ async fn until_calls_succeed(
         if since.elapsed() > limit {
             bail!("no call succeeded within {} s", limit.as_secs());
         }
+    }
+}
+
+/// How long after `since` a call through `run`'s replicas succeeded again
+/// (in ms, at most 30 s), or a note that none did.
+async fn recovery(run: &Run, since: Instant) -> (Vec<u64>, Vec<String>) {
+    match until_calls_succeed(run, since, Duration::from_secs(30)).await {
+        Ok(took) => (
+            vec![u64::try_from(took.as_millis()).unwrap_or(u64::MAX)],
+            Vec::new(),
+        ),
+        Err(error) => (Vec::new(), vec![error.to_string()]),
     }
 }
 
@@ -224,15 +241,7 @@ pub async fn node_pause(
     cluster.node("resume", 3).await?;
     let resumed = Instant::now();
     run.history.phase("resumed");
-    let recovery = until_calls_succeed(&run, resumed, Duration::from_secs(30)).await;
-    let mut notes = Vec::new();
-    let recovery_ms = match recovery {
-        Ok(took) => vec![u64::try_from(took.as_millis()).unwrap_or(u64::MAX)],
-        Err(error) => {
-            notes.push(error.to_string());
-            Vec::new()
-        }
-    };
+    let (recovery_ms, notes) = recovery(&run, resumed).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     run.history.phase("load");
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -300,15 +309,7 @@ pub async fn quorum_loss(
     }
     let returned = Instant::now();
     run.history.phase("quorum-back");
-    let recovery = until_calls_succeed(&run, returned, Duration::from_secs(30)).await;
-    let mut notes = Vec::new();
-    let recovery_ms = match recovery {
-        Ok(took) => vec![u64::try_from(took.as_millis()).unwrap_or(u64::MAX)],
-        Err(error) => {
-            notes.push(error.to_string());
-            Vec::new()
-        }
-    };
+    let (recovery_ms, notes) = recovery(&run, returned).await;
     run.history.phase("load");
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (name, injected) = if nodes.len() == NODES {

@@ -17,11 +17,14 @@
 //!   disk on a tmpfs in a mount namespace of its own).
 //! * `cql`: the Cassandra scenarios (3 nodes, two idemd replicas; full
 //!   profile only).
+//! * `skew`: one of two replicas on the cluster with its wall clock moved
+//!   (libfaketime), leases taken over.
 
 mod cql;
 mod history;
 mod scenarios;
 mod server;
+mod skew;
 mod workload;
 
 use std::path::PathBuf;
@@ -44,7 +47,8 @@ struct Args {
     #[arg(long)]
     idemd_bin: PathBuf,
     /// Only these scenarios (kill9, pause, torn-wal, corrupt-page,
-    /// full-disk, cql-node-kill, cql-node-pause, cql-quorum-loss, cql-cluster-restart; the CQL ones run
+    /// full-disk, cql-node-kill, cql-node-pause, cql-quorum-loss, cql-cluster-restart,
+    /// cql-clock-skew; the CQL ones run
     /// by default only in the full profile).
     #[arg(long, value_delimiter = ',')]
     scenarios: Vec<String>,
@@ -197,6 +201,12 @@ async fn main() -> anyhow::Result<()> {
         if wanted("cql-node-pause") {
             reports.push(cql::node_pause(&cluster, bin, &cql_load, &log_dir).await?);
             print(reports.last().expect("pushed"));
+        }
+        if wanted("cql-clock-skew") {
+            for report in skew::clock_skew(&cluster, bin, &log_dir).await? {
+                print(&report);
+                reports.push(report);
+            }
         }
         if wanted("cql-quorum-loss") {
             // Three in a row: the recovery must not depend on luck.

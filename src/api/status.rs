@@ -70,6 +70,13 @@ pub fn engine_status(error: EngineError) -> Status {
             description,
         } => error_info(Code::FailedPrecondition, description, reason.as_str()),
         EngineError::Contention(message) => Status::aborted(message),
+        EngineError::ClockOffset(message) => error_info(
+            Code::Unavailable,
+            format!(
+                "nothing was applied; retry, on another replica if this one persists: {message}"
+            ),
+            "CLOCK_OFFSET",
+        ),
         EngineError::RateLimited {
             retry_after,
             description,

@@ -154,6 +154,11 @@ impl Engine {
         for _ in 0..MAX_CAS_ROUNDS {
             let now = self.now();
             let Some(existing) = current.take() else {
+                // A lease granted on a clock far off the cluster's ends
+                // early or late for every other replica.
+                if let Some(why) = self.skew.distrusts_clock(request.policy.max_clock_skew) {
+                    return Err(EngineError::ClockOffset(why));
+                }
                 // Only creating a key is rate-limited: replays and answers
                 // about existing keys never reach this point.
                 if let Some(limiter) = &self.claim_limiter
@@ -210,16 +215,6 @@ impl Engine {
                     return Ok(outcome);
                 }
                 Decision::TakeOver => {
-                    if let Some(why) = self.skew.refuses_takeover(request.policy.max_clock_skew) {
-                        // Not this replica's call: its clock may be far
-                        // enough off that the lease is still running.
-                        metrics::counter!(crate::metrics::TAKEOVERS_REFUSED).increment(1);
-                        tracing::warn!(reason = %why, "takeover of an expired lease refused");
-                        return Ok(ClaimOutcome::InProgress {
-                            retry_after: RETRY_AFTER_HINT,
-                            lease_expires_at_ms: existing.lease_expires_at_ms,
-                        });
-                    }
                     let mut record = request.new_record(now, existing.attempt.saturating_add(1));
                     // The dedup window is the original one; a takeover never
                     // extends it.
@@ -279,17 +274,42 @@ impl Engine {
                     lease_expires_at_ms: existing.lease_expires_at_ms,
                 })
             }
-            RecordState::InProgress => match request.policy.on_expired_lease {
-                ExpiredLeasePolicy::Takeover => Decision::TakeOver,
-                ExpiredLeasePolicy::Reconcile => Decision::Answer(ClaimOutcome::Pending {
-                    state: RecordState::InProgress,
-                    reason: format!(
-                        "lease expired {} ms ago without Complete or Fail (attempt {}); the outcome must be reconciled",
-                        now - existing.lease_expires_at_ms,
-                        existing.attempt
-                    ),
-                }),
-            },
+            RecordState::InProgress => {
+                if let Some(why) = self.skew.distrusts_clock(request.policy.max_clock_skew) {
+                    // Not this replica's call: its clock may be far enough
+                    // off that the lease is still running. Neither taken
+                    // over nor reported pending (which invites an operator
+                    // to release it): in progress, as another replica sees
+                    // it.
+                    metrics::counter!(crate::metrics::TAKEOVERS_REFUSED).increment(1);
+                    tracing::warn!(reason = %why, "expired lease left alone: clock offset");
+                    return Decision::Answer(ClaimOutcome::InProgress {
+                        retry_after: RETRY_AFTER_HINT,
+                        lease_expires_at_ms: existing.lease_expires_at_ms,
+                    });
+                }
+                self.on_expired_lease(request, existing, now)
+            }
+        }
+    }
+
+    /// What an expired lease gets under the endpoint's policy.
+    fn on_expired_lease(
+        &self,
+        request: &ClaimRequest<'_>,
+        existing: &Record,
+        now: i64,
+    ) -> Decision {
+        match request.policy.on_expired_lease {
+            ExpiredLeasePolicy::Takeover => Decision::TakeOver,
+            ExpiredLeasePolicy::Reconcile => Decision::Answer(ClaimOutcome::Pending {
+                state: RecordState::InProgress,
+                reason: format!(
+                    "lease expired {} ms ago without Complete or Fail (attempt {}); the outcome must be reconciled",
+                    now - existing.lease_expires_at_ms,
+                    existing.attempt
+                ),
+            }),
         }
     }
 

@@ -58,6 +58,10 @@ pub enum EngineError {
     /// No live record for the key.
     #[error("{0}")]
     NotFound(String),
+    /// This replica's clock may be too far off the cluster's to grant or
+    /// extend a lease (see `engine::skew`); another replica can.
+    #[error("{0}")]
+    ClockOffset(String),
     /// The record is not in a state that allows the operation.
     #[error("{description}")]
     FailedPrecondition {

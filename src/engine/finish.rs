@@ -167,6 +167,10 @@ impl Engine {
                 ),
             ));
         }
+        // The new lease end is computed on this replica's clock.
+        if let Some(why) = self.skew.distrusts_clock(policy.max_clock_skew) {
+            return Err(EngineError::ClockOffset(why));
+        }
         let mut granted = self.granted.take(&id, lease_token);
         for _ in 0..MAX_CAS_ROUNDS {
             let now = self.now();

@@ -147,6 +147,9 @@ impl Engine {
         policies: Arc<PolicySet>,
         cache_bytes: usize,
     ) -> Self {
+        // A test's manual clock is as far off any cluster as the test moves
+        // it: nothing to measure.
+        let skew = Skew::new(store.has_cluster_clock() && clock.follows_real_time());
         Self {
             granted: Granted::new(store.trusts_granted_records()),
             store,
@@ -156,7 +159,7 @@ impl Engine {
             cache: CompletedCache::new(cache_bytes),
             audit: None,
             claim_limiter: None,
-            skew: Skew::default(),
+            skew,
         }
     }
 
@@ -258,10 +261,19 @@ impl Engine {
     /// Also measures this replica's clock against the cluster's first
     /// (see [`skew`]); a failed measurement keeps the last one.
     pub async fn maintain_store(&self) -> EngineResult<()> {
-        if let Err(error) = self.skew.measure(self.store.as_ref(), &self.clock).await {
+        if let Err(error) = self.measure_clock().await {
             tracing::debug!(%error, "clock offset not measured");
         }
         Ok(self.store.maintain(self.now()).await?)
+    }
+
+    /// Measures this replica's clock against the cluster's, when the store
+    /// has one and the engine's clock follows real time (see [`skew`]).
+    pub async fn measure_clock(&self) -> EngineResult<()> {
+        if self.skew.required() {
+            self.skew.measure(self.store.as_ref(), &self.clock).await?;
+        }
+        Ok(())
     }
 
     /// This replica's last measured clock offset against the cluster's.

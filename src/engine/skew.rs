@@ -15,10 +15,16 @@
 //! over (it answers IN_PROGRESS, and another replica, or this one once its
 //! clock is back, takes the key over). Refusing only delays a takeover;
 //! the other direction, a lease handed to a second caller while its holder
-//! still runs, is the double execution the contract forbids.
+//! still runs, is the double execution the contract forbids. For the same
+//! reason such a replica grants and extends no lease (its end would be
+//! computed on the suspect clock): those calls fail with `UNAVAILABLE`
+//! (reason `CLOCK_OFFSET`) and the caller retries, on another replica.
 //!
-//! Stores of one process (embedded, memory) report no cluster clock: there
-//! is no second replica to disagree with, and nothing is refused.
+//! Until its first measurement a replica on a shared store takes no lease
+//! over either (the server's first maintenance step, at start-up, measures
+//! it). Stores of one process (embedded, memory)
+//! report no cluster clock: there is no second replica to disagree with,
+//! and nothing is refused.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -51,12 +57,29 @@ impl Offset {
 /// The last measurement of this replica.
 #[derive(Debug, Default)]
 pub struct Skew {
+    /// The store has a cluster clock: until a measurement succeeded, no
+    /// takeover (a replica that has not looked cannot vouch for its clock).
+    required: bool,
     /// `None` until a measurement succeeded, and for stores of one
     /// process.
     last: Mutex<Option<Offset>>,
 }
 
 impl Skew {
+    /// A tracker for a store that has a cluster clock (`required`) or not.
+    pub fn new(required: bool) -> Self {
+        Self {
+            required,
+            last: Mutex::default(),
+        }
+    }
+
+    /// Whether this replica must measure its offset before it takes a
+    /// lease over (a shared store, a clock that follows real time).
+    pub fn required(&self) -> bool {
+        self.required
+    }
+
     /// Measures the offset of `clock` against `store`'s clock with
     /// [`PROBES`] readings; keeps and returns it (`None`: the store has no
     /// cluster clock).
@@ -101,11 +124,16 @@ impl Skew {
         *self.last.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Why this replica must not take a lease over under `max_clock_skew`,
-    /// or `None` when it may: its last measured offset may exceed half of
-    /// `max_clock_skew`.
-    pub fn refuses_takeover(&self, max_clock_skew: Duration) -> Option<String> {
-        let offset = self.last()?;
+    /// Why this replica's clock must not decide a lease under
+    /// `max_clock_skew` (grant, extend, take over, or report expired), or
+    /// `None` when it may: not measured yet on a shared store, or its last
+    /// measured offset may exceed half of `max_clock_skew`.
+    pub fn distrusts_clock(&self, max_clock_skew: Duration) -> Option<String> {
+        let Some(offset) = self.last() else {
+            return self.required.then(|| {
+                "this replica has not measured its clock against the cluster's yet".to_string()
+            });
+        };
         let bound_ms = i64::try_from(max_clock_skew.as_millis() / 2).unwrap_or(i64::MAX);
         offset.may_exceed(bound_ms).then(|| {
             format!(
@@ -124,32 +152,51 @@ mod tests {
 
     use super::*;
     use crate::clock::{Clock, ManualClock};
-    use crate::engine::tests::{TAKEOVER, TENANT, input, policies};
+    use crate::engine::tests::{PAY, TAKEOVER, TENANT, input, policies};
     use crate::engine::{ClaimOutcome, Engine};
     use crate::store::memory::MemoryStore;
 
+    /// A manual clock that claims to follow real time: the replicas'
+    /// clocks of this test, which it moves like a wall clock.
+    struct Wall(ManualClock);
+
+    impl Clock for Wall {
+        fn now_ms(&self) -> i64 {
+            self.0.now_ms()
+        }
+    }
+
     #[test]
     fn an_offset_is_refused_once_it_may_exceed_half_the_skew() {
-        let skew = Skew::default();
-        assert_eq!(skew.refuses_takeover(Duration::from_millis(100)), None);
+        assert_eq!(
+            Skew::new(false).distrusts_clock(Duration::from_millis(100)),
+            None,
+            "a store of one process has nothing to measure"
+        );
+        let skew = Skew::new(true);
+        assert!(
+            skew.distrusts_clock(Duration::from_millis(100)).is_some(),
+            "not measured yet"
+        );
         skew.record(Offset {
             offset_ms: 40,
             error_ms: 5,
         });
-        assert_eq!(skew.refuses_takeover(Duration::from_millis(100)), None);
+        assert_eq!(skew.distrusts_clock(Duration::from_millis(100)), None);
         skew.record(Offset {
             offset_ms: -48,
             error_ms: 5,
         });
-        assert!(skew.refuses_takeover(Duration::from_millis(100)).is_some());
-        assert_eq!(skew.refuses_takeover(Duration::from_secs(1)), None);
+        assert!(skew.distrusts_clock(Duration::from_millis(100)).is_some());
+        assert_eq!(skew.distrusts_clock(Duration::from_secs(1)), None);
     }
 
     /// A replica whose clock may be more than half of `max_clock_skew` off the
     /// cluster's (measured against the store's clock at each maintenance step)
     /// takes no lease over, even past expiry plus the skew margin by its own
-    /// clock: it answers IN_PROGRESS. Once its offset is back within the bound
-    /// it takes the key over. Fails without the check in `claim` (the first
+    /// clock, and reports none pending under the default policy: it answers
+    /// IN_PROGRESS. Once its offset is back within the bound it takes the key
+    /// over, and reports the other pending. Fails without the check in `claim` (the first
     /// claim takes the key over at once).
     #[tokio::test]
     async fn a_replica_too_far_off_the_cluster_clock_takes_no_lease_over() {
@@ -158,23 +205,40 @@ mod tests {
         let on_time = ManualClock::new(cluster.now_ms());
         let holder = Engine::new(
             store.clone(),
-            Arc::new(on_time.clone()),
+            Arc::new(Wall(on_time.clone())),
             Arc::new(policies()),
             0,
         );
         let ahead = ManualClock::new(cluster.now_ms() + 80);
         let replica = Engine::new(
             store.clone(),
-            Arc::new(ahead.clone()),
+            Arc::new(Wall(ahead.clone())),
             Arc::new(policies()),
             0,
         );
+        // Before measuring, a replica on a shared store grants nothing.
+        let unmeasured = holder.claim(TENANT, input(PAY, "early", "{}")).await;
+        assert!(
+            matches!(unmeasured, Err(crate::engine::EngineError::ClockOffset(_))),
+            "granted before measuring: {unmeasured:?}"
+        );
+        holder.maintain_store().await.expect("maintain");
         replica.maintain_store().await.expect("maintain");
         let offset = replica.clock_offset().expect("measured");
         assert_eq!(offset.offset_ms, 80);
 
         let ClaimOutcome::Claimed(held) = holder
             .claim(TENANT, input(TAKEOVER, "k", "{}"))
+            .await
+            .expect("claim")
+            .outcome
+        else {
+            panic!("the first claim wins");
+        };
+        // Under the default policy (reconcile) the same key is reported
+        // pending once expired: not while this replica's clock is suspect.
+        let ClaimOutcome::Claimed(_) = holder
+            .claim(TENANT, input(PAY, "r", "{}"))
             .await
             .expect("claim")
             .outcome
@@ -194,6 +258,20 @@ mod tests {
             matches!(refused, ClaimOutcome::InProgress { .. }),
             "a replica 80 ms off (bound 50 ms) took a lease over: {refused:?}"
         );
+        let new_key = replica.claim(TENANT, input(TAKEOVER, "new", "{}")).await;
+        assert!(
+            matches!(new_key, Err(crate::engine::EngineError::ClockOffset(_))),
+            "a replica 80 ms off granted a lease on its clock: {new_key:?}"
+        );
+        let not_pending = replica
+            .claim(TENANT, input(PAY, "r", "{}"))
+            .await
+            .expect("claim")
+            .outcome;
+        assert!(
+            matches!(not_pending, ClaimOutcome::InProgress { .. }),
+            "a replica 80 ms off reported a lease pending: {not_pending:?}"
+        );
 
         // The cluster's clock catches up with the replica's: offset 0.
         cluster.advance(Duration::from_millis(80));
@@ -208,5 +286,14 @@ mod tests {
             ClaimOutcome::Claimed(lease) => assert_ne!(lease.lease_token, held.lease_token),
             other => panic!("expected a takeover, got {other:?}"),
         }
+        let pending = replica
+            .claim(TENANT, input(PAY, "r", "{}"))
+            .await
+            .expect("claim")
+            .outcome;
+        assert!(
+            matches!(pending, ClaimOutcome::Pending { .. }),
+            "expected pending, got {pending:?}"
+        );
     }
 }

@@ -12,7 +12,7 @@ use crate::store::memory::{MemoryStore, WriteFault};
 use crate::store::{RecordState, StoreError, StoredResponse};
 
 pub(super) const TENANT: &str = "acme";
-const PAY: &str = "POST /v1/payments";
+pub(super) const PAY: &str = "POST /v1/payments";
 pub(super) const TAKEOVER: &str = "POST /v1/takeover";
 
 struct Harness {

@@ -489,6 +489,11 @@ where
     if let Some(audit) = &audit {
         engine = engine.with_audit(Arc::clone(audit));
     }
+    // Before the first request: on a shared store a replica that has not
+    // measured its clock grants no lease (`engine::skew`).
+    if let Err(error) = engine.measure_clock().await {
+        tracing::warn!(%error, "clock offset not measured at start; leases wait for the next try");
+    }
     let engine = Arc::new(engine);
     let labels = Arc::new(LabelGuard::new(
         settings.metrics_label_caps.0,

@@ -334,6 +334,10 @@ impl Store for MemoryStore {
         Ok(page)
     }
 
+    fn has_cluster_clock(&self) -> bool {
+        self.cluster_clock.is_some()
+    }
+
     async fn cluster_time_ms(&self) -> StoreResult<Option<i64>> {
         use crate::clock::Clock;
         Ok(self.cluster_clock.as_ref().map(Clock::now_ms))

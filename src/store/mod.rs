@@ -433,6 +433,13 @@ pub trait Store: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Whether [`Store::cluster_time_ms`] answers with a clock: then a
+    /// replica takes no lease over until it has measured its offset
+    /// (`engine::skew`). Must agree with `cluster_time_ms`.
+    fn has_cluster_clock(&self) -> bool {
+        false
+    }
+
     /// Physically removes up to `max_records` records expired at `now_ms`;
     /// returns how many were removed. Backends with native TTL return 0.
     async fn sweep_expired(&self, now_ms: i64, max_records: usize) -> StoreResult<usize>;

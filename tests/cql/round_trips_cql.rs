@@ -105,6 +105,17 @@ async fn a_fresh_pair_reads_nothing_and_a_forged_token_is_still_refused() {
     let mut server = TestServer::start(dir, settings, Some(factory)).await;
     let tenant = "round-trips";
     let run = std::process::id();
+    let complete = |key: &str, lease_token: &str, body: &str| {
+        as_tenant(
+            tenant,
+            pb::CompleteRequest {
+                endpoint: PAYMENTS.into(),
+                key: key.into(),
+                lease_token: lease_token.into(),
+                response: Some(sample_response(body)),
+            },
+        )
+    };
     for i in 0..20 {
         let key = format!("fresh-{run}-{i}");
         let answer = server
@@ -116,15 +127,7 @@ async fn a_fresh_pair_reads_nothing_and_a_forged_token_is_still_refused() {
         let lease = claimed(&answer);
         server
             .client
-            .complete(as_tenant(
-                tenant,
-                pb::CompleteRequest {
-                    endpoint: PAYMENTS.into(),
-                    key: key.clone(),
-                    lease_token: lease.lease_token.clone(),
-                    response: Some(sample_response("ok")),
-                },
-            ))
+            .complete(complete(&key, &lease.lease_token, "ok"))
             .await
             .expect("complete");
     }
@@ -144,15 +147,7 @@ async fn a_fresh_pair_reads_nothing_and_a_forged_token_is_still_refused() {
     let _held = claimed(&answer);
     let refused = server
         .client
-        .complete(as_tenant(
-            tenant,
-            pb::CompleteRequest {
-                endpoint: PAYMENTS.into(),
-                key: key.clone(),
-                lease_token: "not-the-granted-token".into(),
-                response: Some(sample_response("forged")),
-            },
-        ))
+        .complete(complete(&key, "not-the-granted-token", "forged"))
         .await
         .expect_err("a forged token must be refused");
     assert_eq!(

@@ -655,6 +655,10 @@ impl Store for CqlStore {
         self.stored_summary(tenant).await
     }
 
+    fn has_cluster_clock(&self) -> bool {
+        true
+    }
+
     /// The coordinator's clock: `toUnixTimestamp(now())` on `system.local`.
     async fn cluster_time_ms(&self) -> StoreResult<Option<i64>> {
         let result = self
