@@ -87,6 +87,10 @@ fn copy_data_dir(from: &Path, to: &Path) {
     }
 }
 
+// The gate is held across the writes on purpose: it is what keeps the
+// checkpoint running while they happen (only the checkpoint thread waits
+// for it).
+#[allow(clippy::await_holding_lock)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_during_a_checkpoint_are_read_back_folded_and_replayed() {
     let dir = tempfile::tempdir().expect("dir");
