@@ -35,6 +35,17 @@ pub const LEASE_LOST: &str = "idemd_lease_lost_total";
 pub const RPC_DURATION: &str = "idemd_rpc_duration_seconds";
 /// Store operation latency by backend and operation.
 pub const STORE_DURATION: &str = "idemd_store_operation_duration_seconds";
+/// Embedded store: time each write spent in each stage of the writer
+/// (`queue`, `checkpoint_wait`, `apply`, `log_write`, `fsync`, `commit`),
+/// recorded per operation (issue 30's stall breakdown).
+pub const EMBEDDED_WRITE_STAGE: &str = "idemd_embedded_write_stage_duration_seconds";
+/// Embedded store: time from a write's queueing to its answer, labelled
+/// with the stage that took most of it (`slowest_stage`): the slowest
+/// writes name their own cause.
+pub const EMBEDDED_WRITE: &str = "idemd_embedded_write_duration_seconds";
+/// Embedded store: duration of each checkpoint (the durable redb commit
+/// after which the write-ahead log is reused).
+pub const EMBEDDED_CHECKPOINT: &str = "idemd_embedded_checkpoint_duration_seconds";
 /// Store operations that failed, by backend and operation.
 pub const STORE_ERRORS: &str = "idemd_store_errors_total";
 /// Writes whose outcome was uncertain (then resolved or reported).
@@ -118,6 +129,21 @@ pub fn describe() {
         "Store operation latency."
     );
     describe_counter!(STORE_ERRORS, "Store operations that failed.");
+    describe_histogram!(
+        EMBEDDED_WRITE_STAGE,
+        metrics::Unit::Seconds,
+        "Embedded store: time each write spent in each writer stage (queue, checkpoint_wait, apply, log_write, fsync, commit)."
+    );
+    describe_histogram!(
+        EMBEDDED_WRITE,
+        metrics::Unit::Seconds,
+        "Embedded store: time from a write's queueing to its answer, by the stage that took most of it."
+    );
+    describe_histogram!(
+        EMBEDDED_CHECKPOINT,
+        metrics::Unit::Seconds,
+        "Embedded store: duration of each checkpoint (durable redb commit)."
+    );
     describe_counter!(
         RATE_LIMITED,
         "Calls refused with RESOURCE_EXHAUSTED by a limit: new_keys (per-tenant key creation rate) or in_flight (load shedding)."

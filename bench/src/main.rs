@@ -16,6 +16,7 @@
 
 mod chart;
 mod clients;
+mod growth;
 mod load;
 mod noop;
 mod report;
@@ -54,6 +55,11 @@ enum Command {
     /// pairs, leaves one claim stale, checks ListPending, the gauges and the
     /// pending index's partition bound (docs/scylla.md).
     CqlScale(scale::ScaleArgs),
+    /// Fills one embedded store at 64 in flight, window after window, on
+    /// the gRPC and the HTTP/JSON port: pairs/s, latency, bytes per record
+    /// and the writer's stage breakdown per window; restart time and sweep
+    /// cost at the end (issue 30, docs/benchmarks.md).
+    Growth(growth::GrowthArgs),
     /// Serves the no-op baseline (canned responses); prints its address.
     NoopServer {
         /// Address to listen on (port 0 picks a free one).
@@ -78,6 +84,7 @@ fn main() -> ExitCode {
         Command::Run(args) => args.common.pin,
         Command::Compare(args) => args.common.pin,
         Command::Soak(args) => args.common.pin,
+        Command::Growth(args) => args.pin,
         Command::NoopServer { .. } | Command::Upstream { .. } | Command::CqlScale(_) => false,
     };
     // Before the runtime exists, so that every thread it starts inherits
@@ -102,6 +109,7 @@ fn main() -> ExitCode {
             Command::Compare(args) => suite::compare(args).await,
             Command::Soak(args) => suite::soak(args).await,
             Command::CqlScale(args) => scale::run(args).await,
+            Command::Growth(args) => growth::run(args).await,
             Command::NoopServer { listen } => noop::serve(listen).await.map(|()| true),
             Command::Upstream { listen, work } => {
                 upstream::serve(listen, work.into()).await.map(|()| true)

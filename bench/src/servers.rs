@@ -161,6 +161,37 @@ pub async fn start_idemd(
     ))
 }
 
+/// Starts idemd (embedded store) on `data_dir`, which it keeps on stop
+/// (the growth run restarts it on the same files), with `args` added.
+pub async fn start_idemd_on(
+    bin: &Path,
+    data_dir: &Path,
+    log: &Path,
+    args: &[String],
+    pin: bool,
+) -> Result<Server> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    let child = command(&bin.to_string_lossy(), pin)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    Ok(Server {
+        name: "idemd-embedded".into(),
+        child,
+        dir: None,
+    })
+}
+
 /// `idemd migrate` against the CQL nodes (idempotent).
 pub async fn migrate_cql(bin: &Path, nodes: &[String]) -> Result<()> {
     let output = Command::new(bin)

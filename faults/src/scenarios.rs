@@ -232,9 +232,30 @@ pub async fn torn_wal(
     let mut run = Run::start(bin, load, log_dir).await?;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     run.servers[0].kill9().await?;
-    let path = run.servers[0].data_dir.join("idemd.wal");
-    let mut bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-    let (end, last) = wal_end(&bytes)?;
+    // The log has two segments (idemd.wal, idemd.wal.1; a checkpoint
+    // switches between them): the torn frame goes where the newest frames
+    // end.
+    let mut newest = None;
+    for name in ["idemd.wal", "idemd.wal.1"] {
+        let path = run.servers[0].data_dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        let (end, last) = wal_end(&bytes)?;
+        if newest
+            .as_ref()
+            .is_none_or(|(_, _, _, newest)| last > *newest)
+        {
+            newest = Some((path, bytes, end, last));
+        }
+    }
+    let Some((path, mut bytes, end, last)) = newest else {
+        bail!(
+            "no write-ahead log in {}",
+            run.servers[0].data_dir.display()
+        );
+    };
     // A frame header claiming the next sequence and 4 KiB, a bad checksum,
     // and only 100 bytes of payload.
     let mut torn = Vec::new();
@@ -249,8 +270,10 @@ pub async fn torn_wal(
     run.finish(
         "torn-wal",
         format!(
-            "SIGKILL, then a torn frame (seq {}) written at the log's end, offset {end}",
-            last + 1
+            "SIGKILL, then a torn frame (seq {}) written at the log's end, {} offset {end}",
+            last + 1,
+            path.file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
         ),
         recovery,
         Vec::new(),

@@ -332,3 +332,25 @@ fn every_serve_flag_is_documented() {
         "flags of `idemd serve --help` missing from the flag tables of README.md and docs/scylla.md: {missing:?}"
     );
 }
+
+/// Every metric named in src/metrics.rs has a row in the metrics table of
+/// docs/operations.md (dashboards and alerts are written from it).
+#[test]
+fn every_metric_is_documented() {
+    let source = std::fs::read_to_string(root().join("src/metrics.rs")).expect("metrics.rs");
+    let names: Vec<&str> = source
+        .lines()
+        .filter(|line| line.starts_with("pub const ") && line.contains(": &str = \"idemd_"))
+        .filter_map(|line| line.split('"').nth(1))
+        .collect();
+    assert!(names.len() > 15, "parsed src/metrics.rs: {names:?}");
+    let doc = std::fs::read_to_string(root().join("docs/operations.md")).expect("operations.md");
+    let missing: Vec<&&str> = names
+        .iter()
+        .filter(|name| !doc.contains(&format!("| `{name}` |")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "metrics missing from the table of docs/operations.md: {missing:?}"
+    );
+}

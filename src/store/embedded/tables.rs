@@ -5,6 +5,7 @@
 use redb::{ReadableTable, TableDefinition};
 
 use super::codec;
+use super::overlay::{Layer, MergedKeys, redb_keys};
 use super::storage_error;
 use super::wal;
 use crate::crypto::Keyring;
@@ -71,12 +72,43 @@ pub(super) fn read_loaded(
     else {
         return Ok(None);
     };
-    let (record, sealed_response) = codec::decode_record_value(id.clone(), value.value())
+    decode_loaded(id, value.value(), now_ms)
+}
+
+/// Decodes the stored `value` of `id`; `None` when it is not live at
+/// `now_ms`.
+pub(super) fn decode_loaded(
+    id: &RecordKey,
+    value: &[u8],
+    now_ms: i64,
+) -> StoreResult<Option<Loaded>> {
+    let (record, sealed_response) = codec::decode_record_value(id.clone(), value)
         .map_err(|e| StoreError::Corrupt(e.to_string()))?;
     Ok(record.is_live(now_ms).then_some(Loaded {
         record,
         sealed_response,
     }))
+}
+
+/// The changes of `table` in `[start, end)` across `layers` (oldest
+/// first; a newer layer's change of a key wins), in key order.
+pub(super) fn overlay_keys(
+    layers: &[&Layer],
+    table: wal::LogTable,
+    start: &[u8],
+    end: &[u8],
+) -> Vec<(Vec<u8>, bool)> {
+    match layers {
+        [] => Vec::new(),
+        [only] => only.keys_in(table, start, end),
+        _ => {
+            let mut merged = std::collections::BTreeMap::new();
+            for layer in layers {
+                merged.extend(layer.keys_in(table, start, end));
+            }
+            merged.into_iter().collect()
+        }
+    }
 }
 
 /// Writes `record` unless a live record holds its key.
@@ -189,29 +221,125 @@ impl Operation for Sweep {
     }
 }
 
-/// The three tables of one write transaction, kept consistent together, and
-/// the log frame that records every change made to them.
+/// Where a batch's changes go and what its reads see.
+pub(super) enum Backing<'a, 'txn> {
+    /// The batch's redb write transaction (no checkpoint is running).
+    Redb {
+        /// `records`.
+        records: &'a mut RecordsTable<'txn>,
+        /// `expiry`.
+        expiry: &'a mut IndexTable<'txn>,
+        /// `pending`.
+        pending: &'a mut IndexTable<'txn>,
+    },
+    /// While a checkpoint holds redb's write lock: changes go to `delta`
+    /// (published to the overlay once the batch is durable), reads see
+    /// `delta`, then the overlay, then a redb snapshot ([`super::overlay`]).
+    Overlay {
+        /// This batch's changes.
+        delta: &'a mut Layer,
+        /// The changes of earlier batches since the checkpoint began.
+        shared: &'a Layer,
+        /// `records` as of the checkpoint's start (or later).
+        records: &'a redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+        /// `expiry`, same snapshot.
+        expiry: &'a redb::ReadOnlyTable<&'static [u8], ()>,
+    },
+}
+
+/// The three tables of one batch, kept consistent together, and the log
+/// frame that records every change made to them.
 pub(super) struct Tables<'a, 'txn> {
-    /// `records`.
-    pub(super) records: &'a mut redb::Table<'txn, &'static [u8], &'static [u8]>,
-    /// `expiry`.
-    pub(super) expiry: &'a mut redb::Table<'txn, &'static [u8], ()>,
-    /// `pending`.
-    pub(super) pending: &'a mut redb::Table<'txn, &'static [u8], ()>,
+    /// Where changes go, what reads see.
+    pub(super) backing: Backing<'a, 'txn>,
     /// Every change, for the write-ahead log.
     pub(super) frame: &'a mut wal::FrameBuilder,
     /// Seals responses as records are encoded.
     pub(super) keyring: Option<&'a Keyring>,
 }
 
-impl<'txn> Tables<'_, 'txn> {
+impl Tables<'_, '_> {
     fn read_live_at(&self, id: &RecordKey, now_ms: i64) -> StoreResult<Option<Loaded>> {
-        read_loaded(&*self.records, id, now_ms)
+        match &self.backing {
+            Backing::Redb { records, .. } => read_loaded(&**records, id, now_ms),
+            Backing::Overlay {
+                delta,
+                shared,
+                records,
+                ..
+            } => {
+                let key = codec::record_key(id);
+                let table = wal::LogTable::Records;
+                match delta.get(table, &key).or_else(|| shared.get(table, &key)) {
+                    Some(Some(value)) => decode_loaded(id, value, now_ms),
+                    Some(None) => Ok(None),
+                    None => read_loaded(*records, id, now_ms),
+                }
+            }
+        }
     }
 
     /// The stored record, live or expired.
     fn read_any(&self, id: &RecordKey) -> StoreResult<Option<Loaded>> {
-        read_loaded(&*self.records, id, i64::MIN)
+        self.read_live_at(id, i64::MIN)
+    }
+
+    /// Writes (`Some`) or removes (`None`) `key` in `table`, and logs it.
+    fn write(&mut self, table: wal::LogTable, key: &[u8], value: Option<&[u8]>) -> StoreResult<()> {
+        let failed = |e| storage_error("write", e);
+        match &mut self.backing {
+            Backing::Redb {
+                records,
+                expiry,
+                pending,
+            } => match (table, value) {
+                (wal::LogTable::Records, Some(value)) => {
+                    records.insert(key, value).map_err(failed)?;
+                }
+                (wal::LogTable::Records, None) => {
+                    records.remove(key).map_err(failed)?;
+                }
+                (index, value) => {
+                    let index = if index == wal::LogTable::Expiry {
+                        expiry
+                    } else {
+                        pending
+                    };
+                    match value {
+                        Some(_) => index.insert(key, ()).map(drop).map_err(failed)?,
+                        None => index.remove(key).map(drop).map_err(failed)?,
+                    }
+                }
+            },
+            Backing::Overlay { delta, .. } => {
+                delta
+                    .table_mut(table)
+                    .insert(key.to_vec(), value.map(<[u8]>::to_vec));
+            }
+        }
+        match value {
+            Some(value) => self.frame.put(table, key, value),
+            None => self.frame.remove(table, key),
+        }
+        Ok(())
+    }
+
+    /// Up to `max` expiry entries before `upper`, in order.
+    fn due(&self, upper: &[u8], max: usize) -> StoreResult<Vec<Vec<u8>>> {
+        match &self.backing {
+            Backing::Redb { expiry, .. } => redb_keys(&**expiry, &[], upper)?.take(max).collect(),
+            Backing::Overlay {
+                delta,
+                shared,
+                expiry,
+                ..
+            } => {
+                let changes = overlay_keys(&[shared, delta], wal::LogTable::Expiry, &[], upper);
+                MergedKeys::new(redb_keys(*expiry, &[], upper)?, changes)
+                    .take(max)
+                    .collect()
+            }
+        }
     }
 
     /// Writes a record and its index entries.
@@ -220,10 +348,7 @@ impl<'txn> Tables<'_, 'txn> {
         // Sealed before the bytes reach the table or the log frame.
         let value = codec::encode_record_sealed(record, self.keyring)
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        self.records
-            .insert(key.as_slice(), value.as_slice())
-            .map_err(|e| storage_error("write", e))?;
-        self.frame.put(wal::LogTable::Records, &key, &value);
+        self.write(wal::LogTable::Records, &key, Some(&value))?;
         self.insert_index(
             wal::LogTable::Expiry,
             &codec::expiry_key(record.expires_at_ms, &record.id),
@@ -240,10 +365,7 @@ impl<'txn> Tables<'_, 'txn> {
     /// Removes a record (as currently stored) and its index entries.
     fn remove(&mut self, record: &Record) -> StoreResult<()> {
         let key = codec::record_key(&record.id);
-        self.records
-            .remove(key.as_slice())
-            .map_err(|e| storage_error("write", e))?;
-        self.frame.remove(wal::LogTable::Records, &key);
+        self.write(wal::LogTable::Records, &key, None)?;
         self.remove_index(
             wal::LogTable::Expiry,
             &codec::expiry_key(record.expires_at_ms, &record.id),
@@ -257,49 +379,23 @@ impl<'txn> Tables<'_, 'txn> {
         Ok(())
     }
 
-    /// The index table behind `table` (`Expiry` or `Pending`).
-    fn index(&mut self, table: wal::LogTable) -> StoreResult<&mut IndexTable<'txn>> {
-        match table {
-            wal::LogTable::Expiry => Ok(&mut *self.expiry),
-            wal::LogTable::Pending => Ok(&mut *self.pending),
-            wal::LogTable::Records => Err(StoreError::Unavailable(
-                "internal error: records is not an index".to_string(),
-            )),
-        }
-    }
-
     /// Inserts an index entry, and logs it.
     fn insert_index(&mut self, table: wal::LogTable, key: &[u8]) -> StoreResult<()> {
-        self.index(table)?
-            .insert(key, ())
-            .map_err(|e| storage_error("write", e))?;
-        self.frame.put(table, key, &[]);
-        Ok(())
+        self.write(table, key, Some(&[]))
     }
 
     /// Removes an index entry, and logs it.
     fn remove_index(&mut self, table: wal::LogTable, key: &[u8]) -> StoreResult<()> {
-        self.index(table)?
-            .remove(key)
-            .map_err(|e| storage_error("write", e))?;
-        self.frame.remove(table, key);
-        Ok(())
+        self.write(table, key, None)
     }
 
     /// Removes up to `max_records` records expired at `now_ms`.
     fn sweep(&mut self, now_ms: i64, max_records: usize) -> StoreResult<usize> {
         let upper = codec::encode_instant(now_ms);
         let mut due: Vec<(i64, RecordKey)> = Vec::new();
-        for entry in self
-            .expiry
-            .range::<&[u8]>(..upper.as_slice())
-            .map_err(|e| storage_error("read", e))?
-            .take(max_records)
-        {
-            let (key, _) = entry.map_err(|e| storage_error("read", e))?;
+        for key in self.due(&upper, max_records)? {
             due.push(
-                codec::decode_expiry_key(key.value())
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                codec::decode_expiry_key(&key).map_err(|e| StoreError::Corrupt(e.to_string()))?,
             );
         }
         let mut removed = 0;

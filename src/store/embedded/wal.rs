@@ -33,14 +33,33 @@
 //! acknowledged); frames at or below the durable sequence are skipped (left
 //! over from before the last checkpoint, when the log was reused in place);
 //! the next consecutive ones are applied. Anything else ends the log.
+//!
+//! # Segments
+//!
+//! The log is two files (segments, [`WAL_FILES`]). Frames go to the current
+//! one; a checkpoint that runs while the writer goes on (see
+//! [`super::overlay`]) first switches the writer to the other segment,
+//! from its start, so the checkpoint covers every frame of the segment it
+//! leaves, and the frames written meanwhile land in the other. The writer
+//! switches back only after that checkpoint is durable, so a segment is
+//! overwritten only once every frame in it is in the durable redb file.
+//! On open, the valid frames of both segments newer than the durable
+//! sequence are applied in sequence order, consecutively from it; stale
+//! frames (at or below it) may follow a segment's live ones and are
+//! skipped, as in the single-file log.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
-/// File name of the log inside the data directory.
-pub const WAL_FILE: &str = "idemd.wal";
+/// File names of the log's two segments inside the data directory. The
+/// writer appends to one; a checkpoint switches it to the other, so that
+/// the frames written while the checkpoint runs never overwrite frames it
+/// does not cover (see "Segments" above). The first is the single file of
+/// earlier versions, read the same way.
+pub const WAL_FILES: [&str; 2] = ["idemd.wal", "idemd.wal.1"];
 
 const MAGIC: &[u8; 8] = b"IDEMDWAL";
 const VERSION: u32 = 1;
@@ -193,55 +212,73 @@ pub fn is_out_of_space(error: &io::Error) -> bool {
 /// The log file, written only by the store's writer thread.
 #[derive(Debug)]
 pub struct Wal {
-    file: File,
-    /// Offset of the next frame.
+    /// The two segments.
+    files: [File; 2],
+    /// The segment frames are appended to.
+    current: usize,
+    /// Offset of the next frame in the current segment.
     end: u64,
+    /// How long the last [`Wal::append`] spent writing and syncing, for the
+    /// writer's per-stage timings (see [`super::stages`]).
+    last_append: (Duration, Duration),
 }
 
 impl Wal {
-    /// Opens the log in `dir`, creating it (durably) if missing.
+    /// Opens the log in `dir`, creating its segments (durably) if missing.
     pub fn open(dir: &Path) -> io::Result<Self> {
-        let path = dir.join(WAL_FILE);
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)?;
-        let len = file.metadata()?.len();
-        if len < HEADER_LEN {
-            // New (or torn while being created, before any frame existed).
-            let mut header = [0u8; HEADER_LEN as usize];
-            header[..8].copy_from_slice(MAGIC);
-            header[8..12].copy_from_slice(&VERSION.to_le_bytes());
-            file.write_all_at(&header, 0)?;
-            file.sync_all()?;
-            // The new directory entry must be durable too, or a crash could
-            // lose the file together with frames acknowledged after this.
-            File::open(dir)?.sync_all()?;
-        } else {
-            let mut header = [0u8; HEADER_LEN as usize];
-            file.read_exact(&mut header)?;
-            if &header[..8] != MAGIC {
-                return Err(io::Error::other(format!(
-                    "{} is not an idemd write-ahead log",
-                    path.display()
-                )));
-            }
-            let version = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
-            if version != VERSION {
-                return Err(io::Error::other(format!(
-                    "{}: unsupported write-ahead log version {version}",
-                    path.display()
-                )));
-            }
-        }
         Ok(Self {
-            file,
+            files: [
+                open_segment(dir, WAL_FILES[0])?,
+                open_segment(dir, WAL_FILES[1])?,
+            ],
+            current: 0,
             end: HEADER_LEN,
+            last_append: (Duration::ZERO, Duration::ZERO),
         })
     }
+}
 
+/// Opens one segment, creating it (durably) if missing.
+fn open_segment(dir: &Path, name: &str) -> io::Result<File> {
+    let path = dir.join(name);
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)?;
+    let len = file.metadata()?.len();
+    if len < HEADER_LEN {
+        // New (or torn while being created, before any frame existed).
+        let mut header = [0u8; HEADER_LEN as usize];
+        header[..8].copy_from_slice(MAGIC);
+        header[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        file.write_all_at(&header, 0)?;
+        file.sync_all()?;
+        // The new directory entry must be durable too, or a crash could
+        // lose the file together with frames acknowledged after this.
+        File::open(dir)?.sync_all()?;
+    } else {
+        let mut header = [0u8; HEADER_LEN as usize];
+        file.read_exact(&mut header)?;
+        if &header[..8] != MAGIC {
+            return Err(io::Error::other(format!(
+                "{} is not an idemd write-ahead log",
+                path.display()
+            )));
+        }
+        let version = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
+        if version != VERSION {
+            return Err(io::Error::other(format!(
+                "{}: unsupported write-ahead log version {version}",
+                path.display()
+            )));
+        }
+    }
+    Ok(file)
+}
+
+impl Wal {
     /// Reads the frames that follow `durable_seq` (see the module docs) and
     /// hands each `(seq, payload)` to `apply`, in order. Returns the last
     /// sequence number handed over (`durable_seq` if none).
@@ -250,37 +287,49 @@ impl Wal {
         durable_seq: u64,
         mut apply: impl FnMut(u64, &[u8]) -> Result<(), E>,
     ) -> io::Result<Result<u64, E>> {
-        let len = usize::try_from(self.file.metadata()?.len())
-            .map_err(|_| io::Error::other("write-ahead log larger than memory"))?;
-        let mut contents = vec![0u8; len];
-        self.file.read_exact_at(&mut contents, 0)?;
-        let mut offset = HEADER_LEN as usize;
-        let mut last = durable_seq;
-        while let Some(frame) = contents.get(offset..offset + FRAME_HEADER_LEN) {
-            let crc = u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]);
-            let payload_len = u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]) as usize;
-            let mut seq_bytes = [0u8; 8];
-            seq_bytes.copy_from_slice(&frame[8..16]);
-            let seq = u64::from_le_bytes(seq_bytes);
-            let frame_end = offset + FRAME_HEADER_LEN + payload_len;
-            let Some(checked) = contents.get(offset + 4..frame_end) else {
-                break;
-            };
-            if crc32c(checked) != crc {
-                break;
-            }
-            if seq <= durable_seq {
+        let mut segments = Vec::with_capacity(self.files.len());
+        for file in &self.files {
+            let len = usize::try_from(file.metadata()?.len())
+                .map_err(|_| io::Error::other("write-ahead log larger than memory"))?;
+            let mut contents = vec![0u8; len];
+            file.read_exact_at(&mut contents, 0)?;
+            segments.push(contents);
+        }
+        // Every valid frame newer than the durable state, by sequence.
+        let mut newer = std::collections::BTreeMap::new();
+        for (segment, contents) in segments.iter().enumerate() {
+            let mut offset = HEADER_LEN as usize;
+            while let Some(frame) = contents.get(offset..offset + FRAME_HEADER_LEN) {
+                let crc = u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]);
+                let payload_len =
+                    u32::from_le_bytes([frame[4], frame[5], frame[6], frame[7]]) as usize;
+                let mut seq_bytes = [0u8; 8];
+                seq_bytes.copy_from_slice(&frame[8..16]);
+                let seq = u64::from_le_bytes(seq_bytes);
+                let frame_end = offset + FRAME_HEADER_LEN + payload_len;
+                let Some(checked) = contents.get(offset + 4..frame_end) else {
+                    break;
+                };
+                if crc32c(checked) != crc {
+                    break;
+                }
+                if seq > durable_seq {
+                    newer
+                        .entry(seq)
+                        .or_insert((segment, offset + FRAME_HEADER_LEN..frame_end));
+                }
                 offset = frame_end;
-                continue;
             }
+        }
+        let mut last = durable_seq;
+        for (seq, (segment, payload)) in newer {
             if seq != last + 1 {
                 break;
             }
-            if let Err(error) = apply(seq, &contents[offset + FRAME_HEADER_LEN..frame_end]) {
+            if let Err(error) = apply(seq, &segments[segment][payload]) {
                 return Ok(Err(error));
             }
             last = seq;
-            offset = frame_end;
         }
         Ok(Ok(last))
     }
@@ -294,17 +343,34 @@ impl Wal {
     /// disk, and the kernel may have dropped other unwritten pages of the
     /// file too: the caller must stop writing (see the writer's poisoning).
     pub fn append(&mut self, frame: &[u8]) -> Result<(), AppendError> {
-        self.file
-            .write_all_at(frame, self.end)
+        let started = Instant::now();
+        let file = &self.files[self.current];
+        file.write_all_at(frame, self.end)
             .map_err(AppendError::NotWritten)?;
-        self.file.sync_data().map_err(AppendError::NotDurable)?;
+        let written = Instant::now();
+        file.sync_data().map_err(AppendError::NotDurable)?;
+        self.last_append = (written - started, written.elapsed());
         self.end += frame.len() as u64;
         Ok(())
     }
 
-    /// Bytes of frames since the last [`Wal::reset`].
+    /// Time the last successful [`Wal::append`] spent in `write` and in
+    /// `fdatasync`.
+    pub fn last_append_times(&self) -> (Duration, Duration) {
+        self.last_append
+    }
+
+    /// Bytes of frames in the current segment since the last
+    /// [`Wal::reset`] or [`Wal::switch`].
     pub fn pending_bytes(&self) -> u64 {
         self.end - HEADER_LEN
+    }
+
+    /// Goes on in the other segment, from its start. Only once every frame
+    /// of that segment is in the durable redb file (see "Segments").
+    pub fn switch(&mut self) {
+        self.current = 1 - self.current;
+        self.end = HEADER_LEN;
     }
 
     /// Restarts the log at its beginning, once a durable redb commit holds
@@ -447,7 +513,7 @@ mod tests {
         let mut wal = Wal::open(dir.path()).expect("open");
         wal.append(&frame(1, b"a")).expect("append");
         let refused = frame(2, b"refused-batch");
-        wal.file
+        wal.files[wal.current]
             .write_all_at(&refused[..refused.len() / 2], wal.end)
             .expect("half a frame");
         assert_eq!(replayed(&wal, 0), vec![(1, b"a".to_vec())]);
@@ -465,6 +531,53 @@ mod tests {
         assert!(!sync.is_out_of_space(), "a failed sync is never outlived");
         let eio = AppendError::NotWritten(io::Error::other("EIO"));
         assert!(!eio.is_out_of_space());
+    }
+
+    /// A checkpoint switches segments; the frames written meanwhile are in
+    /// the other one. Replay follows the sequence across both, whatever
+    /// the durable point, and the first segment's reuse (once the
+    /// checkpoint is durable) leaves its stale frames behind unreplayed.
+    #[test]
+    fn replay_follows_the_sequence_across_both_segments() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut wal = Wal::open(dir.path()).expect("open");
+        for seq in 1..=3 {
+            wal.append(&frame(seq, format!("a{seq}").as_bytes()))
+                .expect("append");
+        }
+        wal.switch();
+        for seq in 4..=5 {
+            wal.append(&frame(seq, format!("b{seq}").as_bytes()))
+                .expect("append");
+        }
+        let keys = |wal: &Wal, durable| {
+            replayed(wal, durable)
+                .into_iter()
+                .map(|(seq, key)| (seq, String::from_utf8(key).expect("utf-8")))
+                .collect::<Vec<_>>()
+        };
+        // The checkpoint covering 1..=3 did not finish: all five.
+        assert_eq!(
+            keys(&wal, 0),
+            [(1, "a1"), (2, "a2"), (3, "a3"), (4, "b4"), (5, "b5")]
+                .map(|(s, k)| (s, k.to_string()))
+        );
+        // It did: the second segment's.
+        assert_eq!(
+            keys(&wal, 3),
+            [(4, "b4"), (5, "b5")].map(|(s, k)| (s, k.to_string()))
+        );
+        // The next checkpoint (covering 4..=5) switches back to the first
+        // segment, whose frames are all durable by then; 1..=3 stay stale
+        // behind the new frame.
+        wal.switch();
+        wal.append(&frame(6, b"a6")).expect("append");
+        let wal = Wal::open(dir.path()).expect("reopen");
+        assert_eq!(
+            keys(&wal, 3),
+            [(4, "b4"), (5, "b5"), (6, "a6")].map(|(s, k)| (s, k.to_string()))
+        );
+        assert_eq!(keys(&wal, 5), [(6, "a6")].map(|(s, k)| (s, k.to_string())));
     }
 
     #[test]

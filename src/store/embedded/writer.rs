@@ -10,10 +10,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use redb::{Database, Durability};
+use redb::{Database, Durability, ReadableDatabase};
 use tokio::sync::{mpsc, oneshot};
 
-use super::tables::{META, META_WAL_SEQ, Operation, Tables, open_tables};
+use super::overlay::Layer;
+use super::stages::{self, BatchTimes};
+use super::tables::{Backing, EXPIRY, META, META_WAL_SEQ, Operation, RECORDS, Tables, open_tables};
 use super::{CHECKPOINT_BYTES, CHECKPOINT_INTERVAL, MAX_BATCH, storage_error, wal};
 use crate::crypto::Keyring;
 use crate::store::{StoreError, StoreResult};
@@ -30,6 +32,111 @@ pub(super) trait Queued: Send {
     /// was cancelled); the write stands regardless, which is what the
     /// caller's retry will find.
     fn reply(self: Box<Self>, error: Option<StoreError>);
+    /// When the caller queued it (the stage timings start there).
+    fn queued_at(&self) -> Instant;
+    /// Whether this is the checkpoint thread's wake-up call (see
+    /// [`Checkpointer`]) rather than a write.
+    fn is_wakeup(&self) -> bool {
+        false
+    }
+}
+
+/// Wakes the writer when a checkpoint ends, so that it folds the overlay
+/// into redb even when no write follows.
+struct Wakeup;
+
+impl Queued for Wakeup {
+    fn apply(&mut self, _: &mut Tables<'_, '_>) -> StoreResult<()> {
+        Ok(())
+    }
+
+    fn reply(self: Box<Self>, _: Option<StoreError>) {}
+
+    fn queued_at(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn is_wakeup(&self) -> bool {
+        true
+    }
+}
+
+/// The checkpoint thread: runs the durable redb commits, one at a time,
+/// while the writer goes on logging and acknowledging into the overlay
+/// (see [`super::overlay`]).
+pub(super) struct Checkpointer {
+    /// Asks for a checkpoint; dropped to stop the thread.
+    requests: Option<std::sync::mpsc::Sender<()>>,
+    /// Its outcome (the error's text), one per request.
+    done: std::sync::mpsc::Receiver<Result<(), String>>,
+    /// Joined on drop: the thread holds the database, whose file lock a
+    /// reopen after `close` needs.
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        drop(self.requests.take());
+        if let Some(thread) = self.thread.take() {
+            drop(thread.join());
+        }
+    }
+}
+
+impl Checkpointer {
+    /// Starts the thread; it wakes the writer through `waker` after each
+    /// checkpoint (a weak sender, so that it does not keep the queue open
+    /// when the store closes).
+    pub(super) fn start(
+        database: Arc<Database>,
+        waker: mpsc::WeakSender<WriteOp>,
+    ) -> std::io::Result<Self> {
+        let (requests, requested) = std::sync::mpsc::channel::<()>();
+        let (finished, done) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("idemd-store-checkpoint".to_string())
+            .spawn(move || {
+                while requested.recv().is_ok() {
+                    #[cfg(test)]
+                    let gate = CHECKPOINT_GATE.lock().unwrap_or_else(|e| e.into_inner());
+                    #[cfg(test)]
+                    drop(gate);
+                    let result = database
+                        .begin_write()
+                        .map_err(|e| e.to_string())
+                        // An empty transaction with Durability::Immediate
+                        // (the default) flushes every earlier non-durable
+                        // commit.
+                        .and_then(|txn| txn.commit().map_err(|e| e.to_string()));
+                    if finished.send(result).is_err() {
+                        return;
+                    }
+                    if let Some(writer) = waker.upgrade() {
+                        // A full queue wakes the writer anyway.
+                        drop(writer.try_send(Box::new(Wakeup)));
+                    }
+                }
+            })?;
+        Ok(Self {
+            requests: Some(requests),
+            done,
+            thread: Some(thread),
+        })
+    }
+}
+
+/// Unit tests hold it to keep a checkpoint from beginning (the checkpoint
+/// thread takes it first), so that writes meet a running checkpoint.
+#[cfg(test)]
+pub(super) static CHECKPOINT_GATE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Where the checkpoints are.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum CheckpointState {
+    /// None running: batches go straight into redb.
+    Idle,
+    /// One running since then: batches go to the overlay.
+    Running(Instant),
 }
 
 /// An operation, then its output, and where the output goes.
@@ -40,6 +147,8 @@ struct Pending<O: Operation> {
     output: Option<O::Output>,
     /// The caller.
     reply: oneshot::Sender<StoreResult<O::Output>>,
+    /// When it was queued, for [`stages`].
+    queued_at: Instant,
 }
 
 impl<O: Operation> Queued for Pending<O> {
@@ -62,6 +171,10 @@ impl<O: Operation> Queued for Pending<O> {
         };
         drop(self.reply.send(result));
     }
+
+    fn queued_at(&self) -> Instant {
+        self.queued_at
+    }
 }
 
 /// Queues `op`: the item for the writer's channel and the receiver of its
@@ -72,6 +185,7 @@ pub(super) fn queue<O: Operation>(op: O) -> (WriteOp, oneshot::Receiver<StoreRes
         op: Some(op),
         output: None,
         reply,
+        queued_at: Instant::now(),
     };
     (Box::new(pending), answer)
 }
@@ -84,8 +198,10 @@ pub struct WriterStats {
     /// Operations answered from committed batches (including batches that
     /// changed nothing and so needed no fsync).
     pub operations: AtomicU64,
-    /// Checkpoints (durable redb commits).
+    /// Checkpoints (durable redb commits) completed.
     pub checkpoints: AtomicU64,
+    /// Checkpoints started (one more than `checkpoints` while one runs).
+    pub checkpoints_started: AtomicU64,
 }
 
 /// The writer thread's state: the only place that writes redb and the log.
@@ -100,6 +216,9 @@ pub(super) struct Writer {
     pub(super) seq: u64,
     /// When the redb file was last made durable.
     pub(super) last_checkpoint: Instant,
+    /// When the last checkpoint started and ended: the writes queued
+    /// meanwhile waited for it ([`stages`]).
+    pub(super) last_checkpoint_span: Option<(Instant, Instant)>,
     /// Set after a storage error in the write path; see the module docs.
     pub(super) poisoned: Option<String>,
     /// Batches refused for want of space since the last report, and when
@@ -117,6 +236,13 @@ pub(super) struct Writer {
     pub(super) stats: Arc<WriterStats>,
     /// Seals responses as records are encoded.
     pub(super) keyring: Option<Arc<Keyring>>,
+    /// The changes acknowledged since the running checkpoint began, until
+    /// folded into redb; shared with readers ([`super::overlay`]).
+    pub(super) overlay: Arc<std::sync::RwLock<Arc<Layer>>>,
+    /// The checkpoint thread.
+    pub(super) checkpointer: Checkpointer,
+    /// Whether a checkpoint runs.
+    pub(super) checkpoint_state: CheckpointState,
 }
 
 impl Writer {
@@ -131,20 +257,129 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            self.apply_batch(&mut batch);
+            batch.retain(|op| !op.is_wakeup());
+            self.poll_checkpoint(false);
+            if !batch.is_empty() {
+                self.apply_batch(&mut batch);
+            }
             if self.poisoned.is_none()
+                && matches!(self.checkpoint_state, CheckpointState::Idle)
                 && (self.wal.pending_bytes() >= CHECKPOINT_BYTES
                     || (self.wal.pending_bytes() > 0
                         && self.last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL))
             {
-                self.checkpoint();
+                self.start_checkpoint();
             }
         }
-        // Closing: leave a durable redb file and an empty log behind, so
-        // that the next open has nothing to replay.
+        // Closing: wait for a running checkpoint, then leave a durable redb
+        // file and an empty log behind, so that the next open has nothing
+        // to replay.
+        self.poll_checkpoint(true);
         if self.poisoned.is_none() && self.wal.pending_bytes() > 0 {
             self.checkpoint();
         }
+    }
+
+    /// Starts a checkpoint on the checkpoint thread. Every frame of the
+    /// current log segment is in redb (no checkpoint runs, so batches went
+    /// there): the checkpoint covers them all, and the writer goes on in
+    /// the other segment, whose frames the previous checkpoint covered.
+    fn start_checkpoint(&mut self) {
+        let sent = self
+            .checkpointer
+            .requests
+            .as_ref()
+            .is_some_and(|requests| requests.send(()).is_ok());
+        if !sent {
+            self.poison("the checkpoint thread stopped".to_string());
+            return;
+        }
+        self.wal.switch();
+        self.checkpoint_state = CheckpointState::Running(Instant::now());
+        self.stats
+            .checkpoints_started
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Takes the outcome of a running checkpoint (waiting for it when
+    /// `wait`); once it is durable, folds the overlay into redb.
+    fn poll_checkpoint(&mut self, wait: bool) {
+        let CheckpointState::Running(started) = self.checkpoint_state else {
+            return;
+        };
+        let outcome = if wait {
+            self.checkpointer
+                .done
+                .recv()
+                .map_err(|_| "the checkpoint thread stopped".to_string())
+        } else {
+            match self.checkpointer.done.try_recv() {
+                Ok(outcome) => Ok(outcome),
+                Err(std::sync::mpsc::TryRecvError::Empty) => return,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                    Err("the checkpoint thread stopped".to_string())
+                }
+            }
+        };
+        self.checkpoint_state = CheckpointState::Idle;
+        match outcome.and_then(|result| result) {
+            Ok(()) => {
+                self.last_checkpoint = Instant::now();
+                metrics::histogram!(crate::metrics::EMBEDDED_CHECKPOINT, "backend" => "embedded")
+                    .record((self.last_checkpoint - started).as_secs_f64());
+                self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+                if let Err(error) = self.fold_overlay() {
+                    // redb lacks changes the log has: later batches would
+                    // diverge from what a replay rebuilds.
+                    self.uncertain(format!("folding the overlay into redb failed: {error}"));
+                }
+            }
+            Err(error) => self.poison(format!("checkpoint failed: {error}")),
+        }
+    }
+
+    /// Writes the overlay's changes into redb (one non-durable commit, as a
+    /// batch's), then empties it: in that order, so that a reader that no
+    /// longer finds a change in the overlay finds it in redb.
+    fn fold_overlay(&mut self) -> StoreResult<()> {
+        let layer = Arc::clone(&*self.overlay.read().unwrap_or_else(|e| e.into_inner()));
+        if layer.is_empty() {
+            return Ok(());
+        }
+        let mut txn = self
+            .database
+            .begin_write()
+            .map_err(|e| storage_error("begin write", e))?;
+        txn.set_durability(Durability::None)
+            .map_err(|e| storage_error("begin write", e))?;
+        {
+            let (mut records, mut expiry, mut pending) = open_tables(&txn)?;
+            let failed = |e| storage_error("write", e);
+            for (key, value) in &layer.records {
+                match value {
+                    Some(value) => drop(
+                        records
+                            .insert(key.as_slice(), value.as_slice())
+                            .map_err(failed)?,
+                    ),
+                    None => drop(records.remove(key.as_slice()).map_err(failed)?),
+                }
+            }
+            for (index, changes) in [(&mut expiry, &layer.expiry), (&mut pending, &layer.pending)] {
+                for (key, value) in changes {
+                    match value {
+                        Some(_) => drop(index.insert(key.as_slice(), ()).map_err(failed)?),
+                        None => drop(index.remove(key.as_slice()).map_err(failed)?),
+                    }
+                }
+            }
+            let mut meta = txn.open_table(META).map_err(|e| storage_error("open", e))?;
+            meta.insert(META_WAL_SEQ, self.seq)
+                .map_err(|e| storage_error("write", e))?;
+        }
+        txn.commit().map_err(|e| storage_error("commit", e))?;
+        *self.overlay.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Layer::default());
+        Ok(())
     }
 
     fn poison(&mut self, reason: String) {
@@ -182,6 +417,7 @@ impl Writer {
     /// Makes the redb file durable up to the last batch, then restarts the
     /// log. Runs after the batch's replies, so it delays only later batches.
     fn checkpoint(&mut self) {
+        let started = Instant::now();
         let result = self
             .database
             .begin_write()
@@ -195,6 +431,9 @@ impl Writer {
             Ok(()) => {
                 self.wal.reset();
                 self.last_checkpoint = Instant::now();
+                self.last_checkpoint_span = Some((started, self.last_checkpoint));
+                metrics::histogram!(crate::metrics::EMBEDDED_CHECKPOINT, "backend" => "embedded")
+                    .record((self.last_checkpoint - started).as_secs_f64());
                 self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
             }
             Err(error) => self.poison(format!("checkpoint failed: {error}")),
@@ -214,23 +453,30 @@ impl Writer {
         }
         let size = batch.len() as u64;
         let seq = self.seq + 1;
+        let started = Instant::now();
+        let mut times = BatchTimes::default();
         self.frame.begin(seq);
-        let applied = apply_ops(
-            &self.database,
-            self.keyring.as_deref(),
-            &mut self.frame,
-            seq,
-            batch,
-        );
-        let outcome = match applied {
-            Err(error) => Err(error),
-            // Nothing changed (every condition failed): the answers rest on
-            // state that is already durable, so no fsync is needed.
-            Ok(txn) if self.frame.is_empty() => {
-                drop(txn);
-                Ok(false)
+        let outcome = if matches!(self.checkpoint_state, CheckpointState::Running(_)) {
+            self.overlay_batch(batch, started, &mut times)
+        } else {
+            let applied = apply_ops(
+                &self.database,
+                self.keyring.as_deref(),
+                &mut self.frame,
+                seq,
+                batch,
+            );
+            times.apply = started.elapsed();
+            match applied {
+                Err(error) => Err(error),
+                // Nothing changed (every condition failed): the answers rest
+                // on state that is already durable, so no fsync is needed.
+                Ok(txn) if self.frame.is_empty() => {
+                    drop(txn);
+                    Ok(false)
+                }
+                Ok(txn) => self.make_durable(txn, &mut times).map(|()| true),
             }
-            Ok(txn) => self.make_durable(txn).map(|()| true),
         };
         // The transaction was dropped (aborted), or its durability is
         // unknown: every operation of the batch shares that fate.
@@ -250,18 +496,100 @@ impl Writer {
                 Some(error)
             }
         };
+        if error.is_none() {
+            stages::record(
+                batch.iter().map(|op| op.queued_at()),
+                started,
+                self.last_checkpoint_span,
+                &times,
+            );
+        }
         for op in batch.drain(..) {
             op.reply(error.clone());
         }
     }
 
+    /// Applies a batch while a checkpoint holds redb's write lock: its
+    /// changes go to a layer of their own, read through the overlay and a
+    /// redb snapshot; once its frame is synced, the layer joins the overlay
+    /// (what readers see). True when something changed.
+    fn overlay_batch(
+        &mut self,
+        batch: &mut [WriteOp],
+        started: Instant,
+        times: &mut BatchTimes,
+    ) -> StoreResult<bool> {
+        let mut delta = Layer::default();
+        {
+            let read = self
+                .database
+                .begin_read()
+                .map_err(|e| storage_error("begin read", e))?;
+            let records = read
+                .open_table(RECORDS)
+                .map_err(|e| storage_error("open", e))?;
+            let expiry = read
+                .open_table(EXPIRY)
+                .map_err(|e| storage_error("open", e))?;
+            let shared = Arc::clone(&*self.overlay.read().unwrap_or_else(|e| e.into_inner()));
+            let mut tables = Tables {
+                backing: Backing::Overlay {
+                    delta: &mut delta,
+                    shared: &shared,
+                    records: &records,
+                    expiry: &expiry,
+                },
+                frame: &mut self.frame,
+                keyring: self.keyring.as_deref(),
+            };
+            for op in batch.iter_mut() {
+                op.apply(&mut tables)?;
+            }
+        }
+        times.apply = started.elapsed();
+        if self.frame.is_empty() {
+            return Ok(false);
+        }
+        self.log_frame()?;
+        (times.log_write, times.fsync) = self.wal.last_append_times();
+        let publishing = Instant::now();
+        {
+            let mut overlay = self.overlay.write().unwrap_or_else(|e| e.into_inner());
+            // Copies the layer only while a ListPending holds a snapshot.
+            Arc::make_mut(&mut overlay).absorb(delta);
+        }
+        times.commit = publishing.elapsed();
+        Ok(true)
+    }
+
     /// Logs and syncs the batch's frame, then commits the transaction
     /// (without fsync: the log holds it) so that readers see it.
-    fn make_durable(&mut self, txn: redb::WriteTransaction) -> StoreResult<()> {
+    fn make_durable(
+        &mut self,
+        txn: redb::WriteTransaction,
+        times: &mut BatchTimes,
+    ) -> StoreResult<()> {
+        if let Err(error) = self.log_frame() {
+            drop(txn);
+            return Err(error);
+        }
+        (times.log_write, times.fsync) = self.wal.last_append_times();
+        let committing = Instant::now();
+        if let Err(error) = txn.commit() {
+            // The log has a frame that redb does not: later batches would
+            // diverge from what a replay rebuilds.
+            return Err(self.uncertain(format!("commit failed: {error}")));
+        }
+        times.commit = committing.elapsed();
+        Ok(())
+    }
+
+    /// Seals the batch's frame, appends it to the log and syncs it. On an
+    /// error nothing of the batch may be applied.
+    fn log_frame(&mut self) -> StoreResult<()> {
         let frame = match self.frame.finish() {
             Ok(frame) => frame,
             Err(error) => {
-                drop(txn);
                 return Err(StoreError::Unavailable(format!(
                     "nothing was applied: {error}"
                 )));
@@ -269,12 +597,11 @@ impl Writer {
         };
         match self.wal.append(frame) {
             Ok(()) => {}
-            // The frame is not in the log and the transaction is dropped:
-            // nothing of the batch happened, and nothing else is at risk
-            // (no sync failed). Refuse the batch and keep going, so writes
-            // resume by themselves once space is freed.
+            // The frame is not in the log and the batch's changes are
+            // dropped: nothing of the batch happened, and nothing else is
+            // at risk (no sync failed). Refuse the batch and keep going, so
+            // writes resume by themselves once space is freed.
             Err(error) if error.is_out_of_space() => {
-                drop(txn);
                 let (refused, reported) = &mut self.out_of_space;
                 *refused += 1;
                 if reported.is_none_or(|at| at.elapsed() >= OUT_OF_SPACE_REPORT) {
@@ -294,14 +621,8 @@ impl Writer {
             }
             Err(error) => {
                 // The frame may have reached the disk partially or wholly.
-                drop(txn);
                 return Err(self.uncertain(error.to_string()));
             }
-        }
-        if let Err(error) = txn.commit() {
-            // The log has a frame that redb does not: later batches would
-            // diverge from what a replay rebuilds.
-            return Err(self.uncertain(format!("commit failed: {error}")));
         }
         Ok(())
     }
@@ -349,9 +670,11 @@ fn apply_ops(
     {
         let (mut records, mut expiry, mut pending) = open_tables(&txn)?;
         let mut tables = Tables {
-            records: &mut records,
-            expiry: &mut expiry,
-            pending: &mut pending,
+            backing: Backing::Redb {
+                records: &mut records,
+                expiry: &mut expiry,
+                pending: &mut pending,
+            },
             frame,
             keyring,
         };

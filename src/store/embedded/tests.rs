@@ -1,0 +1,217 @@
+//! Writes that meet a running checkpoint: answered from the log and the
+//! overlay, read back through it, folded into redb after it, and rebuilt
+//! by the replay after a crash in the middle of it.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::writer::CHECKPOINT_GATE;
+use super::*;
+use crate::store::{Expected, RecordState, StoredResponse};
+
+const NOW: i64 = 1_000_000;
+
+fn id(key: &str) -> RecordKey {
+    RecordKey {
+        tenant: "t".into(),
+        endpoint: "e".into(),
+        key: key.into(),
+    }
+}
+
+fn completed(key: &str, body: &[u8], expires_at_ms: i64) -> Record {
+    Record {
+        id: id(key),
+        state: RecordState::Completed,
+        fingerprint: vec![3; 32],
+        attempt: 1,
+        lease_token: "tok".into(),
+        attempt_id: String::new(),
+        created_at_ms: NOW - 10,
+        updated_at_ms: NOW - 10,
+        lease_expires_at_ms: NOW - 10,
+        completed_at_ms: Some(NOW - 10),
+        expires_at_ms,
+        response: Some(StoredResponse {
+            status: 200,
+            headers: vec![],
+            body: body.to_vec(),
+            body_ref: String::new(),
+        }),
+        reason: String::new(),
+    }
+}
+
+/// In progress, its lease over: pending.
+fn stale_claim(key: &str) -> Record {
+    Record {
+        state: RecordState::InProgress,
+        completed_at_ms: None,
+        response: None,
+        lease_expires_at_ms: NOW - 5,
+        ..completed(key, b"", NOW + 1_000_000)
+    }
+}
+
+async fn body(store: &EmbeddedStore, key: &str) -> Option<Vec<u8>> {
+    store
+        .get(&id(key), NOW)
+        .await
+        .expect("get")
+        .map(|record| record.response.map(|r| r.body).unwrap_or_default())
+}
+
+async fn pending_keys(store: &EmbeddedStore) -> Vec<String> {
+    let query = PendingQuery {
+        tenant: "t".into(),
+        endpoint: None,
+        created_at_or_before_ms: None,
+        page_size: 100,
+        page_token: None,
+    };
+    store
+        .list_pending(&query, NOW)
+        .await
+        .expect("list pending")
+        .records
+        .into_iter()
+        .map(|record| record.id.key)
+        .collect()
+}
+
+fn copy_data_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("dir");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy");
+    }
+}
+
+// The gate is held across the writes on purpose: it is what keeps the
+// checkpoint running while they happen (only the checkpoint thread waits
+// for it).
+#[allow(clippy::await_holding_lock)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_during_a_checkpoint_are_read_back_folded_and_replayed() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = EmbeddedStore::open(&EmbeddedOptions::new(dir.path())).expect("open");
+    let gate = CHECKPOINT_GATE.lock().unwrap_or_else(|e| e.into_inner());
+    let insert = |record: Record| {
+        let store = &store;
+        async move { store.insert_if_absent(&record, NOW).await.expect("insert") }
+    };
+    // Before the checkpoint: straight into redb.
+    assert_eq!(
+        insert(completed("a", b"a1", NOW + 1_000_000)).await,
+        InsertOutcome::Inserted
+    );
+    assert_eq!(
+        insert(completed("b", b"b1", NOW + 1_000_000)).await,
+        InsertOutcome::Inserted
+    );
+    // The next write after the checkpoint interval starts one, which the
+    // gate holds before it begins.
+    std::thread::sleep(CHECKPOINT_INTERVAL + Duration::from_millis(100));
+    assert_eq!(
+        insert(completed("x", b"x", NOW + 1_000_000)).await,
+        InsertOutcome::Inserted
+    );
+    let started = |store: &EmbeddedStore| store.stats.checkpoints_started.load(Ordering::SeqCst);
+    for _ in 0..100 {
+        if started(&store) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(started(&store), 1, "a checkpoint started");
+    assert_eq!(store.stats.checkpoints.load(Ordering::SeqCst), 0);
+
+    // While it runs: every kind of write, each answered.
+    let a = store.get(&id("a"), NOW).await.expect("get").expect("a");
+    let mut a2 = completed("a", b"a2", NOW + 1_000_000);
+    a2.attempt = 2;
+    a2.lease_token = "tok2".into();
+    assert_eq!(
+        store
+            .replace_if(&a2, &Expected::matching(&a), NOW)
+            .await
+            .expect("replace"),
+        CasOutcome::Applied
+    );
+    let b = store.get(&id("b"), NOW).await.expect("get").expect("b");
+    assert_eq!(
+        store
+            .delete_if(&id("b"), &Expected::matching(&b), NOW)
+            .await
+            .expect("delete"),
+        CasOutcome::Applied
+    );
+    assert_eq!(insert(stale_claim("c")).await, InsertOutcome::Inserted);
+    assert_eq!(
+        insert(completed("gone", b"g", NOW - 1)).await,
+        InsertOutcome::Inserted
+    );
+    assert!(
+        !store.overlay().is_empty(),
+        "the writes went to the overlay"
+    );
+
+    // Read back through the overlay, by readers and by the writer's own
+    // conditions.
+    assert_eq!(body(&store, "a").await, Some(b"a2".to_vec()));
+    assert_eq!(body(&store, "b").await, None);
+    assert_eq!(body(&store, "c").await, Some(Vec::new()));
+    assert!(matches!(
+        insert(completed("c", b"dup", NOW + 1_000_000)).await,
+        InsertOutcome::Exists(_)
+    ));
+    assert!(matches!(
+        store
+            .replace_if(&a2, &Expected::matching(&a), NOW)
+            .await
+            .expect("replace"),
+        CasOutcome::Conflict { current: Some(current) } if current.attempt == 2
+    ));
+    assert_eq!(pending_keys(&store).await, vec!["c".to_string()]);
+    assert_eq!(store.sweep_expired(NOW, 100).await.expect("sweep"), 1);
+    assert_eq!(
+        store.stats.checkpoints.load(Ordering::SeqCst),
+        0,
+        "still running"
+    );
+
+    // A crash now: the redb file is at the last durable state, the log
+    // segments hold the rest. The copy's replay rebuilds everything.
+    let crashed = tempfile::tempdir().expect("dir");
+    copy_data_dir(dir.path(), crashed.path());
+    drop(gate);
+    let recovered = EmbeddedStore::open(&EmbeddedOptions::new(crashed.path())).expect("reopen");
+    assert_eq!(body(&recovered, "a").await, Some(b"a2".to_vec()));
+    assert_eq!(body(&recovered, "b").await, None);
+    assert_eq!(body(&recovered, "x").await, Some(b"x".to_vec()));
+    assert_eq!(pending_keys(&recovered).await, vec!["c".to_string()]);
+    assert_eq!(recovered.sweep_expired(NOW, 100).await.expect("sweep"), 0);
+    recovered.close().await.expect("close");
+
+    // The checkpoint ends; the next write folds the overlay into redb.
+    for round in 0..200 {
+        if store.stats.checkpoints.load(Ordering::SeqCst) == 1 && store.overlay().is_empty() {
+            break;
+        }
+        insert(completed(&format!("after-{round}"), b"n", NOW + 1_000_000)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(store.overlay().is_empty(), "folded into redb");
+    assert_eq!(body(&store, "a").await, Some(b"a2".to_vec()));
+    assert_eq!(body(&store, "b").await, None);
+    assert_eq!(pending_keys(&store).await, vec!["c".to_string()]);
+    assert_eq!(store.sweep_expired(NOW, 100).await.expect("sweep"), 0);
+    store.close().await.expect("close");
+    drop(store);
+    let reopened = EmbeddedStore::open(&EmbeddedOptions::new(dir.path())).expect("reopen");
+    assert_eq!(body(&reopened, "a").await, Some(b"a2".to_vec()));
+    assert_eq!(body(&reopened, "b").await, None);
+    assert_eq!(body(&reopened, "c").await, Some(Vec::new()));
+    assert_eq!(body(&reopened, "gone").await, None);
+    reopened.close().await.expect("close");
+}
