@@ -150,7 +150,8 @@ faults-smoke:
 ## faults: the full profile (release build): 100 kill -9 cycles, 3 full disks, 12 clients,
 ## then a 3-node Cassandra cluster (scripts/cassandra.sh) under two idemd
 ## replicas (commitlog_sync: batch): a node killed and restarted, a node
-## paused (SIGSTOP) past the request timeout, quorum lost and regained three
+## paused (SIGSTOP) past the request timeout, one replica's clock moved ±3 s
+## (libfaketime), quorum lost and regained three
 ## times in a row, the whole cluster SIGKILLed and restarted three times. The
 ## figures of docs/reliability.md come from it. About 10 minutes.
 faults:

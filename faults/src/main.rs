@@ -179,6 +179,7 @@ async fn main() -> anyhow::Result<()> {
         "cql-node-pause",
         "cql-quorum-loss",
         "cql-cluster-restart",
+        "cql-clock-skew",
     ]
     .into_iter()
     .any(wanted)

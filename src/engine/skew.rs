@@ -152,7 +152,7 @@ mod tests {
 
     use super::*;
     use crate::clock::{Clock, ManualClock};
-    use crate::engine::tests::{PAY, TAKEOVER, TENANT, input, policies};
+    use crate::engine::tests::{PAY, TAKEOVER, TENANT, input, policies, response};
     use crate::engine::{ClaimOutcome, Engine};
     use crate::store::memory::MemoryStore;
 
@@ -257,6 +257,28 @@ mod tests {
         assert!(
             matches!(refused, ClaimOutcome::InProgress { .. }),
             "a replica 80 ms off (bound 50 ms) took a lease over: {refused:?}"
+        );
+        // A replay needs no clock: answered from the record.
+        let ClaimOutcome::Claimed(done) = holder
+            .claim(TENANT, input(PAY, "done", "{}"))
+            .await
+            .expect("claim")
+            .outcome
+        else {
+            panic!("the first claim wins");
+        };
+        holder
+            .complete(TENANT, PAY, "done", &done.lease_token, response("ok"))
+            .await
+            .expect("complete");
+        let replay = replica
+            .claim(TENANT, input(PAY, "done", "{}"))
+            .await
+            .expect("claim")
+            .outcome;
+        assert!(
+            matches!(replay, ClaimOutcome::Replayed { .. }),
+            "a replay refused for the clock: {replay:?}"
         );
         let new_key = replica.claim(TENANT, input(TAKEOVER, "new", "{}")).await;
         assert!(

@@ -78,7 +78,7 @@ pub(super) fn input(endpoint: &str, key: &str, body: &str) -> ClaimInput {
     }
 }
 
-fn response(body: &str) -> StoredResponse {
+pub(super) fn response(body: &str) -> StoredResponse {
     StoredResponse {
         status: 201,
         headers: vec![("content-type".into(), "application/json".into())],
