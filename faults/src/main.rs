@@ -195,37 +195,45 @@ async fn main() -> anyhow::Result<()> {
             rpc_timeout: Duration::from_secs(3),
             ..load.clone()
         };
-        if wanted("cql-node-kill") {
-            reports.push(cql::node_kill(&cluster, bin, &cql_load, &log_dir).await?);
-            print(reports.last().expect("pushed"));
-        }
-        if wanted("cql-node-pause") {
-            reports.push(cql::node_pause(&cluster, bin, &cql_load, &log_dir).await?);
-            print(reports.last().expect("pushed"));
-        }
-        if wanted("cql-clock-skew") {
-            for report in skew::clock_skew(&cluster, bin, &log_dir).await? {
-                print(&report);
-                reports.push(report);
+        // The cluster is stopped whatever a scenario returns: its nodes
+        // must not outlive the run (they hold ports and locks of the caller).
+        let scenarios = async {
+            if wanted("cql-node-kill") {
+                reports.push(cql::node_kill(&cluster, bin, &cql_load, &log_dir).await?);
+                print(reports.last().expect("pushed"));
             }
-        }
-        if wanted("cql-quorum-loss") {
-            // Three in a row: the recovery must not depend on luck.
-            for _ in 0..3 {
-                let report = cql::quorum_loss(&cluster, &[2, 3], bin, &cql_load, &log_dir).await?;
-                print(&report);
-                reports.push(report);
+            if wanted("cql-node-pause") {
+                reports.push(cql::node_pause(&cluster, bin, &cql_load, &log_dir).await?);
+                print(reports.last().expect("pushed"));
             }
-        }
-        if wanted("cql-cluster-restart") {
-            for _ in 0..args.cluster_restarts {
-                let report =
-                    cql::quorum_loss(&cluster, &[1, 2, 3], bin, &cql_load, &log_dir).await?;
-                print(&report);
-                reports.push(report);
+            if wanted("cql-clock-skew") {
+                for report in skew::clock_skew(&cluster, bin, &log_dir).await? {
+                    print(&report);
+                    reports.push(report);
+                }
             }
+            if wanted("cql-quorum-loss") {
+                // Three in a row: the recovery must not depend on luck.
+                for _ in 0..3 {
+                    let report =
+                        cql::quorum_loss(&cluster, &[2, 3], bin, &cql_load, &log_dir).await?;
+                    print(&report);
+                    reports.push(report);
+                }
+            }
+            if wanted("cql-cluster-restart") {
+                for _ in 0..args.cluster_restarts {
+                    let report =
+                        cql::quorum_loss(&cluster, &[1, 2, 3], bin, &cql_load, &log_dir).await?;
+                    print(&report);
+                    reports.push(report);
+                }
+            }
+            anyhow::Ok(())
         }
+        .await;
         cluster.stop().await?;
+        scenarios?;
     }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&reports)?)?;

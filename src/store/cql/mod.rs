@@ -76,6 +76,7 @@
 //! of idemd replicas can share a keyspace.
 
 mod connection;
+mod failure;
 pub mod migrate;
 mod pending;
 pub mod rows;
@@ -87,8 +88,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use scylla::client::session::Session;
-use scylla::errors::{DbError, ExecutionError, RequestAttemptError, WriteType};
-use scylla::statement::Consistency;
 use scylla::statement::prepared::PreparedStatement;
 use scylla::value::CqlValue;
 
@@ -102,6 +101,7 @@ pub use connection::{
     CqlConsistency, CqlOptions, DEFAULT_KEYSPACE, DEFAULT_NODE, DEFAULT_REQUEST_TIMEOUT, connect,
     validate_keyspace,
 };
+use failure::{Failure, classify};
 use pending::Tenants;
 pub use pending::legacy::{LegacyReport, copy_legacy_index};
 pub use pending::seal::SealReport;
@@ -156,63 +156,6 @@ pub struct CqlStore {
 impl std::fmt::Debug for CqlStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CqlStore").finish_non_exhaustive()
-    }
-}
-
-/// Whether a failed statement may have been applied.
-enum Failure {
-    /// Rejected before it could apply (not sent, refused, invalid).
-    NotApplied(StoreError),
-    /// Sent and not confirmed: resolve by reading.
-    Maybe(String),
-}
-
-fn classify(error: ExecutionError) -> Failure {
-    let text = error.to_string();
-    match &error {
-        ExecutionError::BadQuery(_)
-        | ExecutionError::EmptyPlan
-        | ExecutionError::PrepareError(_)
-        | ExecutionError::ConnectionPoolError(_)
-        | ExecutionError::UseKeyspaceError(_) => Failure::NotApplied(StoreError::Unavailable(text)),
-        ExecutionError::LastAttemptError(attempt) => match attempt {
-            RequestAttemptError::SerializationError(_)
-            | RequestAttemptError::CqlRequestSerialization(_)
-            | RequestAttemptError::UnableToAllocStreamId => {
-                Failure::NotApplied(StoreError::Unavailable(text))
-            }
-            RequestAttemptError::DbError(db, _) => match db {
-                // A CAS timeout is the textbook uncertain outcome.
-                DbError::WriteTimeout {
-                    write_type: WriteType::Cas,
-                    ..
-                }
-                | DbError::WriteFailure {
-                    write_type: WriteType::Cas,
-                    ..
-                } => Failure::Maybe(text),
-                // At the serial level nothing was proposed; at the regular
-                // level the Paxos commit (learn) phase failed: committed
-                // somewhere, so read to find out.
-                DbError::Unavailable {
-                    consistency: Consistency::Serial | Consistency::LocalSerial,
-                    ..
-                } => Failure::NotApplied(StoreError::Unavailable(text)),
-                DbError::SyntaxError
-                | DbError::Invalid
-                | DbError::AlreadyExists { .. }
-                | DbError::FunctionFailure { .. }
-                | DbError::AuthenticationError
-                | DbError::Unauthorized
-                | DbError::ConfigError
-                | DbError::Overloaded
-                | DbError::IsBootstrapping
-                | DbError::TruncateError => Failure::NotApplied(StoreError::Unavailable(text)),
-                _ => Failure::Maybe(text),
-            },
-            _ => Failure::Maybe(text),
-        },
-        _ => Failure::Maybe(text),
     }
 }
 
