@@ -155,6 +155,7 @@ faults-smoke:
 ## times in a row, the whole cluster SIGKILLed and restarted three times. The
 ## figures of docs/reliability.md come from it. About 10 minutes.
 faults:
+	scripts/test-deps.sh
 	$(CARGO) build --release -p idemd -p idemd-faults
 	$(TARGET_DIR)/release/idemd-faults --profile full --idemd-bin $(TARGET_DIR)/release/idemd \
 		--json $(TARGET_DIR)/faults.json

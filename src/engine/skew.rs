@@ -129,10 +129,15 @@ impl Skew {
     /// `None` when it may: not measured yet on a shared store, or its last
     /// measured offset may exceed half of `max_clock_skew`.
     pub fn distrusts_clock(&self, max_clock_skew: Duration) -> Option<String> {
+        // Every Claim of a new key asks: a store of one process answers
+        // without taking the lock.
+        if !self.required {
+            return None;
+        }
         let Some(offset) = self.last() else {
-            return self.required.then(|| {
-                "this replica has not measured its clock against the cluster's yet".to_string()
-            });
+            return Some(
+                "this replica has not measured its clock against the cluster's yet".to_string(),
+            );
         };
         let bound_ms = i64::try_from(max_clock_skew.as_millis() / 2).unwrap_or(i64::MAX);
         offset.may_exceed(bound_ms).then(|| {
