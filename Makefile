@@ -140,7 +140,10 @@ bench-smoke:
 ## 10 kill -9 cycles, 2 SIGSTOP pauses, a torn log tail, a damaged database
 ## file and a full disk (a tmpfs in a mount namespace of its own, `unshare
 ## -rm`) under careful clients, checked for double execution, lost writes and
-## claims, wrong replays and unanswered calls. About 40 s.
+## claims, wrong replays and unanswered calls; then, on a 3-node Cassandra
+## cluster, one replica's clock moved ±3 s and the three partitions (inside a
+## user and network namespace of the suite's own, cut with nftables), 6 s
+## each. About 3 minutes.
 faults-smoke:
 	scripts/test-deps.sh
 	$(CARGO) test -p idemd-faults
@@ -152,8 +155,11 @@ faults-smoke:
 ## replicas (commitlog_sync: batch): a node killed and restarted, a node
 ## paused (SIGSTOP) past the request timeout, one replica's clock moved ±3 s
 ## (libfaketime), quorum lost and regained three
-## times in a row, the whole cluster SIGKILLed and restarted three times. The
-## figures of docs/reliability.md come from it. About 10 minutes.
+## times in a row, the whole cluster SIGKILLed and restarted three times;
+## then the partitions (a node cut off, a replica cut from a quorum, a
+## majority/minority split; 10 s each) on a cluster in a network namespace of
+## the suite's own. The figures of docs/reliability.md come from it. About 13
+## minutes.
 faults:
 	scripts/test-deps.sh
 	$(CARGO) build --release -p idemd -p idemd-faults

@@ -12,7 +12,8 @@
 # The per-node commands are the fault injector of `make faults` (faults/): they act on one node of
 # the cluster the last `start` configured and never touch the others.
 #
-# Node i (1..N) listens on 127.0.0.i: CQL 9042, storage 7000. Node 1 is the seed.
+# Node i (1..N) listens on 127.0.0.i (see IDEMD_CASSANDRA_ADDRESS_FORMAT): CQL 9042, storage 7000.
+# Node 1 is the seed.
 # Everything lives under $IDEMD_CASSANDRA_HOME (default: <repo>/.cache/cassandra):
 #   lib-<version>/            cassandra-all and its runtime jars (fetched once with mvn)
 #   lib-<version>/cds/        class-data-sharing archive, written when the first cluster stops
@@ -27,6 +28,13 @@
 #   IDEMD_CASSANDRA_JVM_OPTS       extra JVM options for every node (split on whitespace), appended last
 #   IDEMD_CASSANDRA_CDS            0 disables the class-data-sharing archive (default 1)
 #   IDEMD_CASSANDRA_COMMITLOG_SYNC batch (default), periodic or group: see commitlog_sync_yaml
+#   IDEMD_CASSANDRA_ADDRESS_FORMAT node i listens on $(printf FORMAT i) (default 127.0.0.%s)
+#   IDEMD_CASSANDRA_NETNS_DIR      if set, node i runs in the network namespace <dir>/node<i> (a file
+#                                  `nsenter --net=` opens). The fault suite's partition scenarios give
+#                                  each node a namespace and an address of its own: Cassandra does not
+#                                  bind its outgoing connections, so on one loopback every node's
+#                                  packets to node j carry node j's address as their source, and a cut
+#                                  between two nodes could not be told from the others.
 #   JAVA                           java binary (default: java on PATH; must be Java 17)
 #   MVN                            maven binary (default: mvn on PATH)
 set -euo pipefail
@@ -51,6 +59,7 @@ CLUSTER_FILE="$NODES_DIR/cluster.env"
 CQL_PORT=9042
 STORAGE_PORT=7000
 MAX_NODES=9 # 127.0.0.1 .. 127.0.0.9
+ADDRESS_FORMAT="${IDEMD_CASSANDRA_ADDRESS_FORMAT:-127.0.0.%s}"
 READY_LINE="Starting listening for CQL clients"
 
 log() { printf 'cassandra.sh: %s\n' "$*" >&2; }
@@ -67,7 +76,8 @@ EOF
 }
 
 node_dir() { printf '%s/node%s' "$NODES_DIR" "$1"; }
-node_ip() { printf '127.0.0.%s' "$1"; }
+# shellcheck disable=SC2059 # the format is the point
+node_ip() { printf "$ADDRESS_FORMAT" "$1"; }
 
 # The commit log's sync mode (IDEMD_CASSANDRA_COMMITLOG_SYNC): `batch` (the
 # default here: fsync before every acknowledgement, what docs/scylla.md tells
@@ -184,7 +194,7 @@ endpoint_snitch: SimpleSnitch
 seed_provider:
   - class_name: org.apache.cassandra.locator.SimpleSeedProvider
     parameters:
-      - seeds: "127.0.0.1:$STORAGE_PORT"
+      - seeds: "$(node_ip 1):$STORAGE_PORT"
 listen_address: $ip
 rpc_address: $ip
 storage_port: $STORAGE_PORT
@@ -378,6 +388,9 @@ start_node() {
     # Cassandra calls mlockall() unconditionally. As root (CI) that succeeds, pins the whole heap in RAM
     # and costs seconds at startup; without CAP_IPC_LOCK it fails harmlessly under the memlock limit.
     local -a launcher=(setsid)
+    if [[ -n "${IDEMD_CASSANDRA_NETNS_DIR:-}" ]]; then
+        launcher=(nsenter "--net=$IDEMD_CASSANDRA_NETNS_DIR/node$i" -- setsid)
+    fi
     if ((EUID == 0)) && command -v setpriv >/dev/null 2>&1 &&
         setpriv --inh-caps=-ipc_lock --bounding-set=-ipc_lock true 2>/dev/null; then
         launcher+=(setpriv --inh-caps=-ipc_lock --bounding-set=-ipc_lock)
@@ -526,7 +539,7 @@ cmd_start() {
             node_up "$i" || { all_up=0; break; }
         done
         if ((all_up)); then
-            log "already running: $n node(s) listening for CQL on 127.0.0.1..$n:$CQL_PORT"
+            log "already running: $n node(s) listening for CQL on $(node_ip 1)..$n:$CQL_PORT"
             return 0
         fi
     fi

@@ -6,12 +6,13 @@
 # (util-linux, iproute2: tests/it/protected_mode.rs and the fault suite's
 # full-disk scenario create network and mount namespaces of their own), and
 # faketime (libfaketime: the fault suite's cql-clock-skew moves one
-# replica's wall clock).
+# replica's wall clock), and nft (nftables: the partition scenarios cut
+# links inside a network namespace of their own).
 # Debian packages; needs root only when something is missing.
 set -euo pipefail
 missing=()
 # tool:package
-for pair in curl:curl bash:bash unshare:util-linux nsenter:util-linux ip:iproute2 faketime:faketime; do
+for pair in curl:curl bash:bash unshare:util-linux nsenter:util-linux ip:iproute2 faketime:faketime nft:nftables; do
     tool=${pair%%:*}
     package=${pair#*:}
     if ! command -v "$tool" >/dev/null 2>&1; then

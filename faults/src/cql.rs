@@ -13,8 +13,35 @@ use crate::scenarios::{Report, Run};
 use crate::server::Server;
 use crate::workload::Load;
 
-/// Nodes of the test cluster (node I listens on 127.0.0.I:9042).
-const NODES: usize = 3;
+/// Nodes of the test cluster (node I listens on 127.0.0.I:9042 unless
+/// placed elsewhere: [`Placement`]).
+pub const NODES: usize = 3;
+
+/// Where the nodes run.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    /// Node I's address: this with `%s` replaced by I
+    /// (`IDEMD_CASSANDRA_ADDRESS_FORMAT`).
+    pub address_format: String,
+    /// Node I runs in the network namespace `<dir>/nodeI`
+    /// (`IDEMD_CASSANDRA_NETNS_DIR`); `None`: in this one.
+    pub netns_dir: Option<PathBuf>,
+}
+
+impl Placement {
+    /// Node I on 127.0.0.I, here.
+    pub fn loopback() -> Self {
+        Self {
+            address_format: "127.0.0.%s".into(),
+            netns_dir: None,
+        }
+    }
+
+    /// Node `i`'s address.
+    pub fn address(&self, i: usize) -> String {
+        self.address_format.replace("%s", &i.to_string())
+    }
+}
 
 /// The test cluster, driven through `scripts/cassandra.sh`.
 pub struct Cluster {
@@ -22,13 +49,24 @@ pub struct Cluster {
     script: PathBuf,
     /// The nodes' `commitlog_sync` (`IDEMD_CASSANDRA_COMMITLOG_SYNC`).
     commitlog_sync: String,
+    /// Where the nodes run.
+    placement: Placement,
     /// `idemd` flags that point at the cluster and the keyspace.
     flags: Vec<String>,
 }
 
 impl Cluster {
-    async fn run(script: &Path, commitlog_sync: &str, args: &[&str]) -> anyhow::Result<()> {
-        let status = tokio::process::Command::new("bash")
+    async fn run(
+        script: &Path,
+        commitlog_sync: &str,
+        placement: &Placement,
+        args: &[&str],
+    ) -> anyhow::Result<()> {
+        let mut command = tokio::process::Command::new("bash");
+        if let Some(dir) = &placement.netns_dir {
+            command.env("IDEMD_CASSANDRA_NETNS_DIR", dir);
+        }
+        let status = command
             .arg(script)
             .args(args)
             // Every node is SIGKILLed at once in cql-cluster-restart: with
@@ -39,6 +77,7 @@ impl Cluster {
             // (ScyllaDB syncs LWTs before acknowledging whatever the
             // setting); `periodic` is there to measure what it loses.
             .env("IDEMD_CASSANDRA_COMMITLOG_SYNC", commitlog_sync)
+            .env("IDEMD_CASSANDRA_ADDRESS_FORMAT", &placement.address_format)
             .status()
             .await
             .with_context(|| format!("running {}", script.display()))?;
@@ -48,16 +87,25 @@ impl Cluster {
         Ok(())
     }
 
-    /// Starts a fresh 3-node cluster with `commitlog_sync` and creates
-    /// `keyspace` with RF 3.
+    /// Starts a fresh 3-node cluster with `commitlog_sync`, placed as
+    /// `placement` says, and creates `keyspace` with RF 3.
     pub async fn start(
         script: &Path,
         commitlog_sync: &str,
+        placement: Placement,
         bin: &Path,
         keyspace: &str,
     ) -> anyhow::Result<Self> {
-        Self::run(script, commitlog_sync, &["start", "--nodes", "3"]).await?;
-        let nodes: Vec<String> = (1..=NODES).map(|i| format!("127.0.0.{i}:9042")).collect();
+        Self::run(
+            script,
+            commitlog_sync,
+            &placement,
+            &["start", "--nodes", "3"],
+        )
+        .await?;
+        let nodes: Vec<String> = (1..=NODES)
+            .map(|i| format!("{}:9042", placement.address(i)))
+            .collect();
         let nodes = nodes.join(",");
         let status = tokio::process::Command::new(bin)
             .args(["migrate", "--cql-nodes", &nodes, "--keyspace", keyspace])
@@ -73,6 +121,7 @@ impl Cluster {
         Ok(Self {
             script: script.to_path_buf(),
             commitlog_sync: commitlog_sync.to_string(),
+            placement,
             flags: [
                 "--store",
                 "cql",
@@ -93,6 +142,7 @@ impl Cluster {
         Self::run(
             &self.script,
             &self.commitlog_sync,
+            &self.placement,
             &[action, &i.to_string()],
         )
         .await
@@ -105,7 +155,13 @@ impl Cluster {
 
     /// Stops every node.
     pub async fn stop(&self) -> anyhow::Result<()> {
-        Self::run(&self.script, &self.commitlog_sync, &["stop"]).await
+        Self::run(
+            &self.script,
+            &self.commitlog_sync,
+            &self.placement,
+            &["stop"],
+        )
+        .await
     }
 
     /// Two idemd replicas on this cluster.
@@ -126,7 +182,7 @@ impl Cluster {
 }
 
 /// Non-OK answers over all answers in `phases`, from the verdict's counts.
-fn error_rate(verdict: &Verdict, phases: &[&str]) -> f64 {
+pub fn error_rate(verdict: &Verdict, phases: &[&str]) -> f64 {
     let (mut errors, mut all) = (0u64, 0u64);
     for phase in phases {
         for (code, n) in verdict.statuses.get(*phase).into_iter().flatten() {
@@ -166,7 +222,7 @@ async fn until_calls_succeed(
 
 /// How long after `since` a call through `run`'s replicas succeeded again
 /// (in ms, at most 30 s), or a note that none did.
-async fn recovery(run: &Run, since: Instant) -> (Vec<u64>, Vec<String>) {
+pub async fn recovery(run: &Run, since: Instant) -> (Vec<u64>, Vec<String>) {
     match until_calls_succeed(run, since, Duration::from_secs(30)).await {
         Ok(took) => (
             vec![u64::try_from(took.as_millis()).unwrap_or(u64::MAX)],

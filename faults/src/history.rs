@@ -24,7 +24,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Everything recorded during one scenario.
 #[derive(Debug, Default)]
@@ -45,6 +45,9 @@ struct Inner {
     replays: HashMap<String, HashSet<Vec<u8>>>,
     /// Phase → status (or outcome) → count.
     statuses: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Phase → replica (its index) → status → count: what the clients of
+    /// each replica saw, for scenarios that fault one replica only.
+    by_replica: BTreeMap<String, BTreeMap<usize, BTreeMap<String, u64>>>,
     /// Logical calls that never got a definitive answer.
     undecided: u64,
     /// Answers the contract forbids here (mismatch, an unexpected error).
@@ -71,6 +74,32 @@ impl History {
             .or_default()
             .entry(status.to_string())
             .or_default() += 1;
+    }
+
+    /// One RPC answer through replica `replica` (its index among the
+    /// run's servers): counted for the phase and for the replica.
+    pub fn status_via(&self, replica: usize, status: &str) {
+        self.status(status);
+        let mut inner = self.lock();
+        let phase = inner.phase.clone();
+        *inner
+            .by_replica
+            .entry(phase)
+            .or_default()
+            .entry(replica)
+            .or_default()
+            .entry(status.to_string())
+            .or_default() += 1;
+    }
+
+    /// Answers through `replica` that were OK so far, in every phase.
+    pub fn ok_count_via(&self, replica: usize) -> u64 {
+        let inner = self.lock();
+        inner
+            .by_replica
+            .values()
+            .filter_map(|replicas| replicas.get(&replica)?.get("ok"))
+            .sum()
     }
 
     /// Answers that were OK so far, in every phase.
@@ -129,6 +158,7 @@ impl History {
             keys: finals.len(),
             acked: inner.acked.len(),
             statuses: inner.statuses.clone(),
+            by_replica: inner.by_replica.clone(),
             undecided: inner.undecided,
             unexpected: inner.unexpected.clone(),
             ..Verdict::default()
@@ -232,7 +262,7 @@ pub enum Final {
 }
 
 /// The checker's findings for one scenario.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct Verdict {
     /// Keys checked at the end.
     pub keys: usize,
@@ -252,6 +282,9 @@ pub struct Verdict {
     pub data_loss: usize,
     /// Phase → status → count.
     pub statuses: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Phase → replica → status → count (scenarios with several replicas).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub by_replica: BTreeMap<String, BTreeMap<usize, BTreeMap<String, u64>>>,
 }
 
 impl Verdict {

@@ -19,9 +19,15 @@
 //!   profile only).
 //! * `skew`: one of two replicas on the cluster with its wall clock moved
 //!   (libfaketime), leases taken over.
+//! * `partition`: the cluster and both replicas on a network of the
+//!   suite's own (a user and network namespace), links cut with nftables.
+//! * `namespace`: namespaces held open by an anchor process (the full
+//!   disk's, each replica's in the partitions).
 
 mod cql;
 mod history;
+mod namespace;
+mod partition;
 mod scenarios;
 mod server;
 mod skew;
@@ -47,9 +53,10 @@ struct Args {
     #[arg(long)]
     idemd_bin: PathBuf,
     /// Only these scenarios (kill9, pause, torn-wal, corrupt-page,
-    /// full-disk, cql-node-kill, cql-node-pause, cql-quorum-loss, cql-cluster-restart,
-    /// cql-clock-skew; the CQL ones run
-    /// by default only in the full profile).
+    /// full-disk, cql-node-kill, cql-node-pause, cql-quorum-loss,
+    /// cql-cluster-restart, cql-clock-skew, cql-partition-node,
+    /// cql-partition-replica, cql-partition-split; of the CQL ones the
+    /// short profile runs the clock skew and the partitions).
     #[arg(long, value_delimiter = ',')]
     scenarios: Vec<String>,
     /// Writes the reports here as JSON.
@@ -71,6 +78,11 @@ struct Args {
     /// as the writes in flight at the SIGKILL vary.
     #[arg(long, default_value_t = 3)]
     cluster_restarts: usize,
+    /// Set by `idemd-faults` itself when it re-runs the partition
+    /// scenarios inside a user and network namespace of their own
+    /// (`partition::isolated`): run them here, on this namespace's network.
+    #[arg(long, hide = true)]
+    in_network_namespace: bool,
 }
 
 fn print(report: &Report) {
@@ -141,15 +153,40 @@ async fn main() -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| temp.path().to_path_buf());
     std::fs::create_dir_all(&log_dir)?;
+    // The short profile (`make test`) runs the CQL scenarios whose nemesis
+    // no other test injects (a moved clock, cut links); node kills, pauses
+    // and restarts, minutes each, only in the full profile.
+    let in_short = |name: &str| name == "cql-clock-skew" || name.starts_with("cql-partition");
     let wanted = |name: &str| {
         if args.scenarios.is_empty() {
-            !name.starts_with("cql") || args.profile == Profile::Full
+            !name.starts_with("cql") || args.profile == Profile::Full || in_short(name)
         } else {
             args.scenarios.iter().any(|s| s == name)
         }
     };
     let bin = &args.idemd_bin;
     let mut reports = Vec::new();
+    let partitions: Vec<&'static str> = partition::SCENARIOS
+        .into_iter()
+        .filter(|name| wanted(name))
+        .collect();
+    if args.in_network_namespace {
+        let cql_load = Load {
+            rpc_timeout: Duration::from_secs(3),
+            ..load.clone()
+        };
+        reports = partition::inside(
+            &partitions,
+            args.profile,
+            &args.cassandra_script,
+            &args.cassandra_commitlog_sync,
+            bin,
+            &cql_load,
+            &log_dir,
+        )
+        .await?;
+        return finish(&args, &reports);
+    }
     if wanted("kill9") {
         reports.push(scenarios::kill9(bin, &load, &log_dir, cycles).await?);
         print(reports.last().expect("pushed"));
@@ -187,6 +224,7 @@ async fn main() -> anyhow::Result<()> {
         let cluster = cql::Cluster::start(
             &args.cassandra_script,
             &args.cassandra_commitlog_sync,
+            cql::Placement::loopback(),
             bin,
             "idemd_faults",
         )
@@ -235,6 +273,27 @@ async fn main() -> anyhow::Result<()> {
         cluster.stop().await?;
         scenarios?;
     }
+    if !partitions.is_empty() {
+        reports.extend(
+            partition::isolated(&partition::Isolated {
+                profile: match args.profile {
+                    Profile::Short => "short",
+                    Profile::Full => "full",
+                },
+                bin,
+                scenarios: partitions,
+                log_dir: &log_dir,
+                cassandra_script: &args.cassandra_script,
+                commitlog_sync: &args.cassandra_commitlog_sync,
+            })
+            .await?,
+        );
+    }
+    finish(&args, &reports)
+}
+
+/// Writes the reports (`--json`) and fails if any scenario failed.
+fn finish(args: &Args, reports: &[Report]) -> anyhow::Result<()> {
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&reports)?)?;
     }

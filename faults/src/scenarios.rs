@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::history::{History, Verdict};
+use crate::namespace::{Anchor, check};
 use crate::server::{Server, tail};
 use crate::workload::{self, Load};
 
@@ -23,7 +24,7 @@ pub enum Profile {
 }
 
 /// The outcome of one scenario.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Report {
     /// Scenario name.
     pub scenario: String,
@@ -383,65 +384,39 @@ fn corrupt_report(
 /// embedded store's "disk", which the scenario can fill and free without
 /// touching any file system of the host (`unshare -rm`, unprivileged).
 struct SmallDisk {
-    /// `sleep` inside the namespace: its anchor, joined by `nsenter`.
-    holder: std::process::Child,
+    /// Holds the namespace; joined by `nsenter`.
+    anchor: Anchor,
     /// Where the tmpfs is mounted (inside the namespace only).
     mount: std::path::PathBuf,
 }
 
+/// The namespaces the small disk's programs join.
+const DISK_NAMESPACES: [&str; 2] = ["--user", "--mount"];
+
 impl SmallDisk {
     fn new(mount: &std::path::Path, size_mib: u32) -> anyhow::Result<Self> {
-        use std::io::BufRead;
         std::fs::create_dir_all(mount)?;
-        let mut holder = std::process::Command::new("unshare")
-            .args(["--user", "--map-root-user", "--mount", "sh", "-c"])
-            .arg(format!(
-                "mount -t tmpfs -o size={size_mib}m idemd-faults \"$1\" && echo ready && exec sleep 86400"
-            ))
-            .arg("sh")
-            .arg(mount)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .context("unshare (util-linux): the full-disk scenario needs unprivileged user and mount namespaces")?;
-        let mut line = String::new();
-        if let Some(stdout) = holder.stdout.take() {
-            std::io::BufReader::new(stdout).read_line(&mut line)?;
-        }
-        if line.trim() != "ready" {
-            let _ = holder.kill();
-            let _ = holder.wait();
-            bail!("mounting a tmpfs in a mount namespace of our own failed");
-        }
+        let anchor = Anchor::new(
+            &["--user", "--map-root-user", "--mount"],
+            &format!("mount -t tmpfs -o size={size_mib}m idemd-faults \"$1\""),
+            &[mount.as_os_str()],
+            "the full-disk scenario needs unprivileged user and mount namespaces (a tmpfs of its own)",
+        )?;
         Ok(Self {
-            holder,
+            anchor,
             mount: mount.to_path_buf(),
         })
     }
 
     /// The command prefix that runs a program inside the namespace.
     fn nsenter(&self) -> Vec<String> {
-        [
-            "nsenter",
-            "--preserve-credentials",
-            "--user",
-            "--mount",
-            "--target",
-            &self.holder.id().to_string(),
-            "--",
-        ]
-        .map(String::from)
-        .to_vec()
+        self.anchor.nsenter(&DISK_NAMESPACES)
     }
 
     fn sh(&self, script: &str) -> anyhow::Result<std::process::Output> {
-        let prefix = self.nsenter();
-        Ok(std::process::Command::new(&prefix[0])
-            .args(&prefix[1..])
-            .args(["sh", "-c", script, "sh"])
-            .arg(&self.mount)
-            .stdin(std::process::Stdio::null())
-            .output()?)
+        let mount = self.mount.to_string_lossy();
+        self.anchor
+            .run(&DISK_NAMESPACES, "sh", &["-c", script, "sh", &mount])
     }
 
     /// Writes a file until the tmpfs is full; returns the bytes still free
@@ -458,18 +433,7 @@ impl SmallDisk {
     }
 
     fn free(&self) -> anyhow::Result<()> {
-        let output = self.sh("rm -f \"$1/filler\"")?;
-        if !output.status.success() {
-            bail!("freeing the tmpfs failed");
-        }
-        Ok(())
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = self.holder.kill();
-        let _ = self.holder.wait();
+        check(&self.sh("rm -f \"$1/filler\"")?, "freeing the tmpfs")
     }
 }
 

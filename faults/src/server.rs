@@ -19,7 +19,8 @@ pub struct Server {
     bin: PathBuf,
     /// Its data directory, kept across restarts.
     pub data_dir: PathBuf,
-    /// `127.0.0.1:port`, kept across restarts.
+    /// `127.0.0.1:port` (or another host: [`Server::on_host`]), kept
+    /// across restarts.
     pub address: String,
     /// Where each run's stderr goes (`server-N.log`).
     log_dir: PathBuf,
@@ -58,6 +59,14 @@ impl Server {
             extra,
             wrapper: Vec::new(),
         })
+    }
+
+    /// Listens on `host` (an address of a network namespace of the
+    /// scenario's) instead of 127.0.0.1; the port stays.
+    pub fn on_host(mut self, host: &str) -> Self {
+        let port = self.address.rsplit(':').next().unwrap_or("0").to_string();
+        self.address = format!("{host}:{port}");
+        self
     }
 
     /// Runs the binary under `wrapper` (which must exec it, keeping its

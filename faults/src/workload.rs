@@ -157,10 +157,15 @@ struct Replicas<'a> {
 }
 
 impl Replicas<'_> {
+    /// The index of the replica of `turn`.
+    fn index(&self, turn: usize) -> usize {
+        (self.first + turn) % self.addresses.len()
+    }
+
     /// A client for the replica of `turn` (a fresh channel follows a
     /// restarted server).
     fn client(&self, turn: usize, load: &Load) -> IdempotencyClient<Channel> {
-        let address = &self.addresses[(self.first + turn) % self.addresses.len()];
+        let address = &self.addresses[self.index(turn)];
         // Only a malformed URI fails, and the addresses are ours.
         IdempotencyClient::new(channel(address, load.rpc_timeout).expect("a valid address"))
     }
@@ -182,8 +187,14 @@ impl Retry<'_> {
     /// Records a failed RPC and says whether to send the same one again
     /// (after a short pause): yes for a transient failure within the heal
     /// budget; no for anything else, recorded as unexpected or undecided.
-    async fn again(&mut self, status: &tonic::Status, rpc: &str, key: &str) -> bool {
-        self.history.status(&code_name(status.code()));
+    async fn again(
+        &mut self,
+        status: &tonic::Status,
+        replica: usize,
+        rpc: &str,
+        key: &str,
+    ) -> bool {
+        self.history.status_via(replica, &code_name(status.code()));
         if !transient(status.code()) {
             self.history
                 .unexpected(format!("{key}: {rpc} failed: {status}"));
@@ -221,7 +232,7 @@ async fn call(
     let claimed = loop {
         match grpc.claim(request(claim_request(key, attempt_id))).await {
             Ok(response) => {
-                history.status("ok");
+                history.status_via(to.index(turn), "ok");
                 use pb::claim_response::Outcome;
                 match response.into_inner().outcome {
                     Some(Outcome::Claimed(lease)) => {
@@ -240,7 +251,7 @@ async fn call(
                     }
                 }
             }
-            Err(status) if retry.again(&status, "Claim", key).await => {
+            Err(status) if retry.again(&status, to.index(turn), "Claim", key).await => {
                 turn += 1;
                 grpc = to.client(turn, load);
             }
@@ -265,11 +276,11 @@ async fn call(
     loop {
         match grpc.complete(request(complete.clone())).await {
             Ok(_) => {
-                history.status("ok");
+                history.status_via(to.index(turn), "ok");
                 history.acked(key, &body);
                 return;
             }
-            Err(status) if retry.again(&status, "Complete", key).await => {
+            Err(status) if retry.again(&status, to.index(turn), "Complete", key).await => {
                 turn += 1;
                 grpc = to.client(turn, load);
             }
