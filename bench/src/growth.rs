@@ -7,6 +7,12 @@
 //! At the end: sweep cost over the run, and the time a restart on the
 //! filled files takes to serve (integrity check plus log replay).
 //!
+//! With `--ttl` the same run measures the expiry path: records expire that
+//! long after their Claim, so once the first ones are that old they expire
+//! as fast as they are created, and each window also reports the sweeps
+//! (batches of expired records removed through the store's writer) that
+//! ran in it.
+//!
 //! Every window's figures are compared with the first window of the same
 //! port in the same run (the done-when of issue 30: p999 ≤ 3× p50 and
 //! pairs/s ≥ 0.85× the first window's).
@@ -51,7 +57,14 @@ pub struct GrowthArgs {
     /// Keep filling with gRPC only (no HTTP/JSON windows).
     #[arg(long)]
     pub grpc_only: bool,
-    /// Extra arguments for `idemd serve` (e.g. a cache size).
+    /// Records expire this long after their Claim (written as `[defaults]
+    /// ttl` to a config file for idemd; the lease is the smaller of this
+    /// and 60 s): the expiry path. Default: idemd's 24 h, so nothing
+    /// expires during a run.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub ttl: Option<Duration>,
+    /// Extra arguments for `idemd serve` (e.g. a cache size, or
+    /// `--sweep-interval 5s` with `--ttl`).
     #[arg(long, allow_hyphen_values = true, value_delimiter = ' ')]
     pub idemd_args: Vec<String>,
     /// Write the rows as JSON here.
@@ -84,6 +97,27 @@ struct Row {
     bytes_per_record: f64,
     /// The store's side of the window, from its metrics.
     stages: StageReport,
+    /// Sweep batches (up to 1,000 expired records each) that ran in the
+    /// window, and their total time in the store, ms.
+    sweeps: u64,
+    sweep_ms: f64,
+}
+
+/// The sweep's series of the store-operation histogram.
+fn sweep_key() -> (String, String) {
+    (
+        STORE_OP.to_string(),
+        "backend=\"embedded\",operation=\"sweep\"".to_string(),
+    )
+}
+
+/// Sweep batches and their total ms in `window`.
+fn sweeps(window: &Scrape) -> (u64, f64) {
+    let key = sweep_key();
+    (
+        window.counts.get(&key).copied().unwrap_or(0.0) as u64,
+        window.sums.get(&key).copied().unwrap_or(0.0) * 1000.0,
+    )
 }
 
 /// The writer's stage histograms over one window.
@@ -342,6 +376,19 @@ async fn start(args: &GrowthArgs, bin: &Path, dir: &Path, ports: Ports) -> Resul
         "--claim-rate".to_string(),
         "0".to_string(),
     ];
+    if let Some(ttl) = args.ttl {
+        let config = dir.join("idemd.toml");
+        let secs = ttl.as_secs().max(1);
+        std::fs::write(
+            &config,
+            format!(
+                "[defaults]\nttl = \"{secs}s\"\nlease = \"{}s\"\n",
+                secs.min(60)
+            ),
+        )
+        .with_context(|| format!("writing {}", config.display()))?;
+        serve.extend(["--config".to_string(), config.display().to_string()]);
+    }
     serve.extend(args.idemd_args.iter().filter(|a| !a.is_empty()).cloned());
     servers::start_idemd_on(
         bin,
@@ -443,6 +490,8 @@ async fn fill(args: &GrowthArgs, bin: &Path, dir: &Path, ports: Ports) -> Result
             records +=
                 result.ops + (result.throughput() * spec.warmup.as_secs_f64()).round() as u64;
             let bytes = dir_bytes(&dir.join("data"));
+            let window_scrape = after.since(&before);
+            let (sweeps, sweep_ms) = sweeps(&window_scrape);
             let row = Row {
                 port,
                 records,
@@ -453,7 +502,9 @@ async fn fill(args: &GrowthArgs, bin: &Path, dir: &Path, ports: Ports) -> Result
                 errors: result.errors + result.errors_outside_window,
                 bytes,
                 bytes_per_record: bytes as f64 / records.max(1) as f64,
-                stages: stage_report(&after.since(&before)),
+                stages: stage_report(&window_scrape),
+                sweeps,
+                sweep_ms,
             };
             clean &= row.errors == 0 && result.violations == 0;
             if let Some(error) = &result.first_error {
@@ -465,13 +516,7 @@ async fn fill(args: &GrowthArgs, bin: &Path, dir: &Path, ports: Ports) -> Result
     }
     let fill_time = run_started.elapsed();
     let last = scrape(ports.metrics).await?;
-    let whole = last.since(&first_scrape);
-    let sweep_key = (
-        STORE_OP.to_string(),
-        "backend=\"embedded\",operation=\"sweep\"".to_string(),
-    );
-    let sweeps = whole.counts.get(&sweep_key).copied().unwrap_or(0.0);
-    let sweep_ms = whole.sums.get(&sweep_key).copied().unwrap_or(0.0) * 1000.0;
+    let (sweeps, sweep_ms) = sweeps(&last.since(&first_scrape));
     drop((grpc, http));
     server.stop().await?;
     let bytes = dir_bytes(&dir.join("data"));
@@ -484,11 +529,15 @@ async fn fill(args: &GrowthArgs, bin: &Path, dir: &Path, ports: Ports) -> Result
     writeln!(out, "{}", markdown(&rows))?;
     writeln!(
         out,
-        "Filled {records} records ({:.1} MiB, {:.0} B/record) in {:.0} s. Sweeps during the fill: {sweeps:.0}, {:.2} ms each on average. Restart on the filled store to the first answered Claim: {:.0} ms.",
+        "Filled {records} records ({:.1} MiB, {:.0} B/record) in {:.0} s. Sweep batches during the fill: {sweeps}, {:.2} ms each on average. Restart on the filled store to the first answered Claim: {:.0} ms.",
         bytes as f64 / 1048576.0,
         bytes as f64 / records.max(1) as f64,
         fill_time.as_secs_f64(),
-        if sweeps > 0.0 { sweep_ms / sweeps } else { 0.0 },
+        if sweeps > 0 {
+            sweep_ms / sweeps as f64
+        } else {
+            0.0
+        },
         restart.as_secs_f64() * 1000.0
     )?;
     println!("{out}");
@@ -515,7 +564,7 @@ fn row_line(row: &Row) -> String {
         .map(|(stage, share)| format!("{stage} {share:.0}%"))
         .collect();
     format!(
-        "{:>4} {:>9} records  {:>7.0} pairs/s  p50 {:.2}  p99 {:.2}  p999 {:.2} ms  ({:.1}x)  {:.0} B/rec  store write p50/p99/p999 {:.2}/{:.2}/{:.2} ms  worst 0.1%: {}  checkpoints {} (p99 {:.1} ms)",
+        "{:>4} {:>9} records  {:>7.0} pairs/s  p50 {:.2}  p99 {:.2}  p999 {:.2} ms  ({:.1}x)  {:.0} B/rec  store write p50/p99/p999 {:.2}/{:.2}/{:.2} ms  worst 0.1%: {}  checkpoints {} (p99 {:.1} ms)  sweep batches {} ({:.0} ms)",
         match row.port {
             Port::Grpc => "grpc",
             Port::Http => "http",
@@ -533,6 +582,8 @@ fn row_line(row: &Row) -> String {
         worst.join(", "),
         row.stages.checkpoints,
         row.stages.checkpoint_p99_ms,
+        row.sweeps,
+        row.sweep_ms,
     )
 }
 
@@ -540,7 +591,7 @@ fn row_line(row: &Row) -> String {
 /// window.
 fn markdown(rows: &[Row]) -> String {
     let mut out = String::from(
-        "| port | records after | pairs/s | vs first | p50 / p99 / p999 ms | p999/p50 | B/record | store write p99 / p999 ms | worst 0.1% of store writes by stage | checkpoints (p99 ms) |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "| port | records after | pairs/s | vs first | p50 / p99 / p999 ms | p999/p50 | B/record | store write p99 / p999 ms | worst 0.1% of store writes by stage | checkpoints (p99 ms) | sweep batches (ms) |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut first: BTreeMap<&str, f64> = BTreeMap::new();
     for row in rows {
@@ -557,7 +608,7 @@ fn markdown(rows: &[Row]) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "| {port} | {} | {:.0} | {:.2} | {:.1} / {:.1} / {:.1} | {:.1} | {:.0} | {:.1} / {:.1} | {} | {} ({:.0}) |",
+            "| {port} | {} | {:.0} | {:.2} | {:.1} / {:.1} / {:.1} | {:.1} | {:.0} | {:.1} / {:.1} | {} | {} ({:.0}) | {} ({:.0}) |",
             row.records,
             row.pairs_per_s,
             row.pairs_per_s / base.max(1e-9),
@@ -571,6 +622,8 @@ fn markdown(rows: &[Row]) -> String {
             worst.join(", "),
             row.stages.checkpoints,
             row.stages.checkpoint_p99_ms,
+            row.sweeps,
+            row.sweep_ms,
         );
     }
     out

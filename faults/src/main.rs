@@ -170,11 +170,13 @@ async fn main() -> anyhow::Result<()> {
         .into_iter()
         .filter(|name| wanted(name))
         .collect();
+    // The CQL scenarios' clients wait longer: a request may take the
+    // store's 2 s timeout plus the read that resolves an uncertain write.
+    let cql_load = Load {
+        rpc_timeout: Duration::from_secs(3),
+        ..load.clone()
+    };
     if args.in_network_namespace {
-        let cql_load = Load {
-            rpc_timeout: Duration::from_secs(3),
-            ..load.clone()
-        };
         reports = partition::inside(
             &partitions,
             args.profile,
@@ -229,10 +231,6 @@ async fn main() -> anyhow::Result<()> {
             "idemd_faults",
         )
         .await?;
-        let cql_load = Load {
-            rpc_timeout: Duration::from_secs(3),
-            ..load.clone()
-        };
         // The cluster is stopped whatever a scenario returns: its nodes
         // must not outlive the run (they hold ports and locks of the caller).
         let scenarios = async {

@@ -215,3 +215,36 @@ async fn writes_during_a_checkpoint_are_read_back_folded_and_replayed() {
     assert_eq!(body(&reopened, "gone").await, None);
     reopened.close().await.expect("close");
 }
+
+/// A sweep asked for more than [`SWEEP_STEP`] records removes them all,
+/// in several writer operations: writes that arrive meanwhile are applied
+/// between the steps instead of waiting behind one long operation.
+#[tokio::test]
+async fn a_large_sweep_runs_in_steps() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = EmbeddedStore::open(&EmbeddedOptions::new(dir.path())).expect("open");
+    let expired = SWEEP_STEP * 5 + 7;
+    for i in 0..expired {
+        let record = completed(&format!("expired-{i}"), b"x", NOW - 1);
+        store
+            .insert_if_absent(&record, NOW - 2)
+            .await
+            .expect("insert");
+    }
+    let kept = completed("kept", b"k", NOW + 1_000_000);
+    store.insert_if_absent(&kept, NOW).await.expect("insert");
+    let before = store.stats.operations.load(Ordering::SeqCst);
+    assert_eq!(
+        store.sweep_expired(NOW, 10_000).await.expect("sweep"),
+        expired
+    );
+    let operations = store.stats.operations.load(Ordering::SeqCst) - before;
+    assert_eq!(
+        operations,
+        expired.div_ceil(SWEEP_STEP) as u64,
+        "one writer operation per step of {SWEEP_STEP}"
+    );
+    assert_eq!(body(&store, "kept").await, Some(b"k".to_vec()));
+    assert_eq!(body(&store, "expired-0").await, None);
+    store.close().await.expect("close");
+}
