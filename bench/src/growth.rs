@@ -135,6 +135,17 @@ struct StageReport {
     checkpoint_p99_ms: f64,
 }
 
+impl StageReport {
+    /// The slowest writes' stages, as `fsync 52%, queue 48%`.
+    fn worst(&self) -> String {
+        self.worst_by_stage
+            .iter()
+            .map(|(stage, share)| format!("{stage} {share:.0}%"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 /// Parsed Prometheus histograms: (name, labels without `le`) → buckets
 /// (upper bound, cumulative count), plus `_count`.
 #[derive(Debug, Default, Clone)]
@@ -557,12 +568,6 @@ async fn fill(args: &GrowthArgs, bin: &Path, dir: &Path, ports: Ports) -> Result
 }
 
 fn row_line(row: &Row) -> String {
-    let worst: Vec<String> = row
-        .stages
-        .worst_by_stage
-        .iter()
-        .map(|(stage, share)| format!("{stage} {share:.0}%"))
-        .collect();
     format!(
         "{:>4} {:>9} records  {:>7.0} pairs/s  p50 {:.2}  p99 {:.2}  p999 {:.2} ms  ({:.1}x)  {:.0} B/rec  store write p50/p99/p999 {:.2}/{:.2}/{:.2} ms  worst 0.1%: {}  checkpoints {} (p99 {:.1} ms)  sweep batches {} ({:.0} ms)",
         match row.port {
@@ -579,7 +584,7 @@ fn row_line(row: &Row) -> String {
         row.stages.write.0,
         row.stages.write.1,
         row.stages.write.2,
-        worst.join(", "),
+        row.stages.worst(),
         row.stages.checkpoints,
         row.stages.checkpoint_p99_ms,
         row.sweeps,
@@ -600,12 +605,6 @@ fn markdown(rows: &[Row]) -> String {
             Port::Http => "HTTP/JSON",
         };
         let base = *first.entry(port).or_insert(row.pairs_per_s);
-        let worst: Vec<String> = row
-            .stages
-            .worst_by_stage
-            .iter()
-            .map(|(stage, share)| format!("{stage} {share:.0}%"))
-            .collect();
         let _ = writeln!(
             out,
             "| {port} | {} | {:.0} | {:.2} | {:.1} / {:.1} / {:.1} | {:.1} | {:.0} | {:.1} / {:.1} | {} | {} ({:.0}) | {} ({:.0}) |",
@@ -619,7 +618,7 @@ fn markdown(rows: &[Row]) -> String {
             row.bytes_per_record,
             row.stages.write.1,
             row.stages.write.2,
-            worst.join(", "),
+            row.stages.worst(),
             row.stages.checkpoints,
             row.stages.checkpoint_p99_ms,
             row.sweeps,

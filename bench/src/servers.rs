@@ -94,6 +94,18 @@ fn command(program: &str, pin: bool) -> Command {
     }
 }
 
+/// Spawns a prepared idemd `command` with its stderr to `log`, killed
+/// when dropped.
+fn spawn_idemd(command: &mut Command, log: std::fs::File, bin: &Path) -> Result<Child> {
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))
+}
+
 /// Pins this process (and so every thread it starts later) to core 1.
 /// Call before the runtime starts.
 pub fn pin_self() -> Result<()> {
@@ -131,7 +143,8 @@ pub async fn start_idemd(
     let port = free_port()?;
     let address: SocketAddr = ([127, 0, 0, 1], port).into();
     let log = std::fs::File::create(dir.join("idemd.log"))?;
-    let child = command(&bin.to_string_lossy(), pin)
+    let mut idemd = command(&bin.to_string_lossy(), pin);
+    idemd
         .arg("--listen")
         .arg(address.to_string())
         .arg("--data-dir")
@@ -139,13 +152,8 @@ pub async fn start_idemd(
         // As users run it: metrics on (on a free port; the recorder is
         // part of every request's cost) and the default log level.
         .args(["--metrics-listen", "127.0.0.1:0"])
-        .args(store_args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
+        .args(store_args);
+    let child = spawn_idemd(&mut idemd, log, bin)?;
     let name = if store_args.iter().any(|a| a == "cql") {
         "idemd-cql"
     } else {
@@ -175,16 +183,9 @@ pub async fn start_idemd_on(
         .append(true)
         .open(log)
         .with_context(|| format!("opening {}", log.display()))?;
-    let child = command(&bin.to_string_lossy(), pin)
-        .arg("--data-dir")
-        .arg(data_dir)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
+    let mut idemd = command(&bin.to_string_lossy(), pin);
+    idemd.arg("--data-dir").arg(data_dir).args(args);
+    let child = spawn_idemd(&mut idemd, log, bin)?;
     Ok(Server {
         name: "idemd-embedded".into(),
         child,

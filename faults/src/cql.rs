@@ -199,17 +199,17 @@ pub fn error_rate(verdict: &Verdict, phases: &[&str]) -> f64 {
     }
 }
 
-/// Waits until a call through `run`'s replicas succeeds again; the time
-/// that took, at most `limit`.
+/// Waits until `ok` (a count of successful calls) grows; the time since
+/// `since` that took, at most `limit`.
 async fn until_calls_succeed(
-    run: &Run,
+    ok: impl Fn() -> u64,
     since: Instant,
     limit: Duration,
 ) -> anyhow::Result<Duration> {
-    let mut seen = run.history.ok_count();
+    let mut seen = ok();
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = run.history.ok_count();
+        let now = ok();
         if now > seen {
             return Ok(since.elapsed());
         }
@@ -220,10 +220,19 @@ async fn until_calls_succeed(
     }
 }
 
-/// How long after `since` a call through `run`'s replicas succeeded again
-/// (in ms, at most 30 s), or a note that none did.
-pub async fn recovery(run: &Run, since: Instant) -> (Vec<u64>, Vec<String>) {
-    match until_calls_succeed(run, since, Duration::from_secs(30)).await {
+/// How long after `since` a call succeeded again (in ms, at most 30 s),
+/// or a note that none did: through any of `run`'s replicas, or through
+/// `replica` only.
+pub async fn recovery(
+    run: &Run,
+    since: Instant,
+    replica: Option<usize>,
+) -> (Vec<u64>, Vec<String>) {
+    let ok = || match replica {
+        Some(replica) => run.history.ok_count_via(replica),
+        None => run.history.ok_count(),
+    };
+    match until_calls_succeed(ok, since, Duration::from_secs(30)).await {
         Ok(took) => (
             vec![u64::try_from(took.as_millis()).unwrap_or(u64::MAX)],
             Vec::new(),
@@ -297,7 +306,7 @@ pub async fn node_pause(
     cluster.node("resume", 3).await?;
     let resumed = Instant::now();
     run.history.phase("resumed");
-    let (recovery_ms, notes) = recovery(&run, resumed).await;
+    let (recovery_ms, notes) = recovery(&run, resumed, None).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     run.history.phase("load");
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -365,7 +374,7 @@ pub async fn quorum_loss(
     }
     let returned = Instant::now();
     run.history.phase("quorum-back");
-    let (recovery_ms, notes) = recovery(&run, returned).await;
+    let (recovery_ms, notes) = recovery(&run, returned, None).await;
     run.history.phase("load");
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (name, injected) = if nodes.len() == NODES {

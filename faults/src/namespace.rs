@@ -98,14 +98,7 @@ pub fn run(program: &str, args: &[&str]) -> anyhow::Result<()> {
         .stdin(Stdio::null())
         .output()
         .with_context(|| format!("running {program}"))?;
-    if !output.status.success() {
-        bail!(
-            "{program} {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    Ok(())
+    check(&output, &format!("{program} {}", args.join(" ")))
 }
 
 /// Ensures `output` is a success, naming `what` with its stderr otherwise.

@@ -27,9 +27,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 
-use crate::cql::{Cluster, NODES, Placement, error_rate};
+use crate::cql::{Cluster, NODES, Placement, error_rate, recovery};
 use crate::namespace::{self, Anchor, check};
 use crate::scenarios::{Profile, Report, Run};
 use crate::server::Server;
@@ -441,13 +441,7 @@ async fn partition(
     }
     let healed = Instant::now();
     run.history.phase("healing");
-    let (recovery_ms, notes) = match recovery_via(&run, 0, healed).await {
-        Ok(took) => (
-            vec![u64::try_from(took.as_millis()).unwrap_or(u64::MAX)],
-            Vec::new(),
-        ),
-        Err(error) => (Vec::new(), vec![error.to_string()]),
-    };
+    let (recovery_ms, notes) = recovery(&run, healed, Some(0)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     run.history.phase("load");
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -516,20 +510,5 @@ fn judge(report: &mut Report, cut: Cut) {
         verdict
             .unexpected
             .push("calls through replica 0 did not succeed within 30 s of the heal".into());
-    }
-}
-
-/// How long after `since` a call through replica `replica` succeeded
-/// again; fails after 30 s.
-async fn recovery_via(run: &Run, replica: usize, since: Instant) -> anyhow::Result<Duration> {
-    let seen = run.history.ok_count_via(replica);
-    loop {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        if run.history.ok_count_via(replica) > seen {
-            return Ok(since.elapsed());
-        }
-        if since.elapsed() > Duration::from_secs(30) {
-            bail!("no call through replica {replica} succeeded within 30 s of the heal");
-        }
     }
 }
