@@ -367,6 +367,47 @@ impl Settings {
         Ok(settings)
     }
 
+    /// The one place where the two clock-skew limits meet. A replica whose
+    /// clock lags the sealer's by up to the largest `max_clock_skew` of any
+    /// policy (the skew the operator promises, docs/reliability.md) computes
+    /// a claim's due bucket that much in the past, and its index write may
+    /// land one statement timeout later still. The pending index is sealed
+    /// `seal_grace` behind the clock, so a grace not longer than both
+    /// together lets such a claim be indexed into a bucket already sealed:
+    /// ListPending and the gauges would never show it. Refused rather than
+    /// derived, so that the flag an operator reads is the grace in force.
+    fn validate_seal_grace(
+        &self,
+        seal_grace: Duration,
+        request_timeout: Duration,
+    ) -> Result<(), ConfigError> {
+        let (skew, source) = std::iter::once(("defaults".to_string(), &self.policies.default))
+            .chain(
+                self.policies
+                    .endpoints
+                    .iter()
+                    .map(|(endpoint, policy)| (format!("endpoints.{endpoint:?}"), policy)),
+            )
+            .map(|(source, policy)| (policy.max_clock_skew, source))
+            .max()
+            .unwrap_or_default();
+        let needed = skew + request_timeout;
+        if seal_grace <= needed {
+            let show = |d: Duration| humantime::format_duration(d).to_string();
+            return Err(ConfigError::new(
+                "cql_seal_grace",
+                format!(
+                    "{} must exceed the largest max_clock_skew ({} in {source}) plus --cql-request-timeout ({}): a replica lagging that far would index claims into buckets already sealed, which ListPending never shows; raise --cql-seal-grace above {} or lower max_clock_skew",
+                    show(seal_grace),
+                    show(skew),
+                    show(request_timeout),
+                    show(needed),
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Whether callers must present credentials (a tokens file or a
     /// client-certificate mapping); otherwise auth is off.
     pub fn authentication_configured(&self) -> bool {
@@ -459,6 +500,10 @@ impl Settings {
                 .map_err(|e| ConfigError::new(field.clone(), e.to_string()))?;
             validate_policy(&field, policy)?;
         }
+        // After the policies: a skew over its own limit is reported as such.
+        if let StoreSettings::Cql(options) = &self.store {
+            self.validate_seal_grace(options.seal_grace, options.request_timeout)?;
+        }
         Ok(())
     }
 }
@@ -489,6 +534,48 @@ mod tests {
             settings.policies.for_endpoint("other").lease,
             Duration::from_secs(30)
         );
+    }
+
+    /// CQL settings from the flags a user would pass, with `policies`.
+    fn cql_settings(flags: &[&str], policies: &str) -> Result<Settings, ConfigError> {
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            cql: args::CqlArgs,
+        }
+        let flags = <Flags as clap::Parser>::try_parse_from(
+            std::iter::once("idemd").chain(flags.iter().copied()),
+        )
+        .expect("flags parse");
+        let mut settings = Settings::for_data_dir("unused");
+        settings.policies = parse_policies(policies)?;
+        settings.store = StoreSettings::Cql(flags.cql.options(Duration::from_secs(86_400))?);
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    #[test]
+    fn seal_grace_must_exceed_the_largest_skew_plus_a_statement() {
+        // The defaults (100 ms skew, 5 s timeout, 15 s grace) pass.
+        cql_settings(&[], "").expect("defaults are consistent");
+        // A skew the policy validator accepts (up to 60 s) on one endpoint
+        // is refused against the default grace, naming the grace flag.
+        let skewed = "[endpoints.\"POST /x\"]\nmax_clock_skew = \"20s\"\n";
+        let err = cql_settings(&[], skewed).expect_err("grace below skew + timeout");
+        assert_eq!(err.field, "cql_seal_grace");
+        assert!(err.description.contains("20s"), "{err}");
+        assert!(err.description.contains("endpoints"), "{err}");
+        // The request timeout counts too: 15 s + 100 ms is over the 15 s grace.
+        let err = cql_settings(&["--cql-request-timeout", "15s"], "")
+            .expect_err("grace below the default skew + timeout");
+        assert_eq!(err.field, "cql_seal_grace");
+        // Raising the grace past both is accepted.
+        cql_settings(&["--cql-seal-grace", "30s"], skewed).expect("grace covers it");
+        // A skew over its own limit is reported as that, not as the grace.
+        let err = cql_settings(&[], "[defaults]\nmax_clock_skew = \"2m\"\n").expect_err("limit");
+        assert_eq!(err.field, "defaults.max_clock_skew");
+        // The embedded store has no sealer: no such limit.
+        settings_with(skewed).expect("embedded ignores the grace");
     }
 
     #[test]

@@ -26,8 +26,10 @@
 //! lease has run out are dropped, and if none has, nothing more is kept until
 //! some are taken.
 //!
-//! Off for stores that say so ([`crate::store::Store::trusts_granted_records`];
-//! none does today).
+//! Every store's conditional write fences a stale copy (the `Store`
+//! contract: `replace_if`/`delete_if` decide on the stored record), so the
+//! memory is always on; a backend that could not keep that contract would
+//! not be a `Store`.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -39,27 +41,17 @@ use crate::store::{Record, RecordKey, RecordState};
 pub const CAPACITY: usize = 10_000;
 
 /// Granted, unfinished claims by lease token.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Granted {
-    /// Off: nothing is remembered, every holder call reads.
-    enabled: bool,
     /// Lease token → the IN_PROGRESS record as this engine wrote it.
     by_token: Mutex<HashMap<String, Record>>,
 }
 
 impl Granted {
-    /// An empty memory; `enabled: false` remembers nothing.
-    pub fn new(enabled: bool) -> Self {
-        Self {
-            enabled,
-            by_token: Mutex::default(),
-        }
-    }
-
     /// Remembers a claim this engine just granted (an IN_PROGRESS record it
     /// wrote).
     pub fn remember(&self, record: &Record, now_ms: i64) {
-        if !self.enabled || record.state != RecordState::InProgress {
+        if record.state != RecordState::InProgress {
             return;
         }
         let mut map = self.by_token.lock().unwrap_or_else(|e| e.into_inner());
@@ -124,7 +116,7 @@ mod tests {
 
     #[test]
     fn a_token_is_taken_once_and_only_for_its_key() {
-        let granted = Granted::new(true);
+        let granted = Granted::default();
         let held = record("k", "tok", 100);
         granted.remember(&held, 0);
         let other = record("other", "tok", 100).id;
@@ -134,16 +126,8 @@ mod tests {
     }
 
     #[test]
-    fn a_disabled_memory_remembers_nothing() {
-        let granted = Granted::new(false);
-        let held = record("k", "tok", 100);
-        granted.remember(&held, 0);
-        assert_eq!(granted.take(&held.id, "tok"), None);
-    }
-
-    #[test]
     fn only_in_progress_records_are_remembered() {
-        let granted = Granted::new(true);
+        let granted = Granted::default();
         let mut done = record("k", "tok", 100);
         done.state = RecordState::Completed;
         granted.remember(&done, 0);
@@ -152,7 +136,7 @@ mod tests {
 
     #[test]
     fn a_full_table_drops_expired_leases_then_stops_growing() {
-        let granted = Granted::new(true);
+        let granted = Granted::default();
         for i in 0..CAPACITY {
             // Half of them with a lease that ends at 50.
             let lease_end = if i % 2 == 0 { 50 } else { 500 };

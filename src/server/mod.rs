@@ -47,10 +47,6 @@ type HttpRequest = http::Request<hyper::body::Incoming>;
 /// Fully qualified name of the service, as health checks know it.
 pub const SERVICE_NAME: &str = "idemd.v1.Idempotency";
 
-/// Records removed per sweeper transaction: small enough that a sweep never
-/// holds up the writer for long.
-const SWEEP_BATCH: usize = 1000;
-
 /// Largest gRPC message accepted: the largest stored response (4 MiB) or
 /// request body (1 MiB) plus headroom for the other fields.
 pub const MAX_MESSAGE_BYTES: usize = 5 * 1024 * 1024;
@@ -663,7 +659,7 @@ async fn sweep_forever(engine: Arc<Engine>, interval: Duration) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        match engine.sweep_expired(SWEEP_BATCH).await {
+        match engine.sweep_expired().await {
             Ok(0) => {}
             Ok(removed) => tracing::debug!(removed, "swept expired records"),
             Err(error) => tracing::warn!(%error, "sweeping expired records failed"),

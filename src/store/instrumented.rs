@@ -68,10 +68,6 @@ impl Store for InstrumentedStore {
         self.inner.read_before_insert()
     }
 
-    fn trusts_granted_records(&self) -> bool {
-        self.inner.trusts_granted_records()
-    }
-
     async fn get(&self, id: &RecordKey, now_ms: i64) -> StoreResult<Option<Record>> {
         measured!(self, "get", self.inner.get(id, now_ms))
     }

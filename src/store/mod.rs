@@ -352,18 +352,6 @@ pub trait Store: Send + Sync + 'static {
         true
     }
 
-    /// Whether the engine may finish a claim it granted from its own copy
-    /// of the record, going straight to the holder's conditional write
-    /// without reading first (see `engine::granted`). The condition (state
-    /// and lease token) still decides; a backend answers `false` only if
-    /// its conditional write cannot be trusted to fence a stale copy.
-    /// Every backend answers `true`. (CQL answered `false` until issue 27
-    /// traced the losses that motivated it to the test cluster's periodic
-    /// commit log: module docs of `store::cql`.)
-    fn trusts_granted_records(&self) -> bool {
-        true
-    }
-
     /// The live record for `id`, or `None` if absent or expired.
     async fn get(&self, id: &RecordKey, now_ms: i64) -> StoreResult<Option<Record>>;
 
@@ -440,8 +428,10 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
-    /// Physically removes up to `max_records` records expired at `now_ms`;
-    /// returns how many were removed. Backends with native TTL return 0.
+    /// Physically removes up to `max_records` records expired at `now_ms`
+    /// in one step (one write; the caller loops, see
+    /// [`crate::engine::SWEEP_STEP`]); returns how many were removed.
+    /// Backends with native TTL return 0.
     async fn sweep_expired(&self, now_ms: i64, max_records: usize) -> StoreResult<usize>;
 
     /// Finishes every accepted write and releases the store. Later calls

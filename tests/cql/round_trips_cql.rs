@@ -33,9 +33,6 @@ impl Store for CountingReads {
     fn read_before_insert(&self) -> bool {
         self.inner.read_before_insert()
     }
-    fn trusts_granted_records(&self) -> bool {
-        self.inner.trusts_granted_records()
-    }
     async fn get(&self, id: &RecordKey, now_ms: i64) -> StoreResult<Option<Record>> {
         self.gets.fetch_add(1, Ordering::SeqCst);
         self.inner.get(id, now_ms).await
@@ -86,7 +83,7 @@ impl Store for CountingReads {
 /// Fresh pairs read nothing; a forged lease token is read and refused.
 /// Fails if the CQL store asks for a read before its insert
 /// (`read_before_insert`) or the engine reads before the holder's update
-/// (`trusts_granted_records`).
+/// (`engine::granted`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_pair_reads_nothing_and_a_forged_token_is_still_refused() {
     let options = crate::cql_support::migrated_options().await;

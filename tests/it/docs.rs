@@ -1,17 +1,24 @@
 //! Checks that keep the architecture and the docs true, so that neither
 //! depends on a reviewer remembering:
 //!
-//! * no import cycle between modules of `src/`, at any depth (the module
+//! * no import cycle between modules, at any depth, in `src/` (the module
 //!   tree reads like the architecture: `api` → `engine` → `store`, leaf
-//!   modules below); run alone with `cargo test --test it docs::`;
+//!   modules below), in the `bench/` and `faults/` crates, and in each SDK
+//!   (Python and TypeScript files; Go and Java packages); run alone with
+//!   `cargo test --test it docs::`;
 //! * no file in `src/` longer than [`MAX_LINES`] unless its module docs
 //!   have a `# Length` section saying why;
 //! * every `pub mod` of `lib.rs` is in the module map of `docs/design.md`;
+//! * every file path that the README, CODE_STYLE.md and docs/design.md name
+//!   (links, backticked paths, the README's Layout) exists;
 //! * every flag of `idemd serve --help` is in a flag table (the README's,
 //!   or docs/scylla.md's for the CQL connection).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+
+mod paths;
+mod sdk_graphs;
 
 /// Longest file in `src/` without a `# Length` section in its module docs.
 const MAX_LINES: usize = 700;
@@ -41,19 +48,35 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 /// stripped of `//` comments (doc links name modules without importing
 /// them). `main.rs` is the binary, not part of the tree.
 fn modules() -> BTreeMap<Module, (PathBuf, String)> {
-    let src = root().join("src");
+    rust_modules(&root().join("src"), CrateRoot::Library)
+}
+
+/// Which file is a crate's root module.
+#[derive(Clone, Copy, PartialEq)]
+enum CrateRoot {
+    /// `lib.rs`; a `main.rs` beside it is a separate binary and left out.
+    Library,
+    /// `main.rs` (a binary crate such as `bench/` or `faults/`).
+    Binary,
+}
+
+/// The modules of the Rust crate whose sources are in `src`.
+fn rust_modules(src: &Path, crate_root: CrateRoot) -> BTreeMap<Module, (PathBuf, String)> {
     let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    rust_files(src, &mut files);
     let mut modules = BTreeMap::new();
     for path in files {
-        let relative = path.strip_prefix(&src).expect("under src");
+        let relative = path.strip_prefix(src).expect("under src");
         let mut parts: Vec<String> = relative
             .with_extension("")
             .iter()
             .map(|part| part.to_string_lossy().to_string())
             .collect();
-        if parts == ["main"] {
+        if parts == ["main"] && crate_root == CrateRoot::Library {
             continue;
+        }
+        if parts.len() == 1 && parts[0] == "main" {
+            parts.pop();
         }
         if parts
             .last()
@@ -227,20 +250,112 @@ fn show(cycle: &[Module]) -> String {
         .join(" -> ")
 }
 
-#[test]
-fn no_import_cycles_between_modules() {
-    let modules = modules();
-    assert!(modules.len() > 20, "found the source tree");
-    let graph = import_graph(&modules);
-    let deepest = modules.keys().map(Vec::len).max().unwrap_or(1);
+/// Fails with the first cycle of `graph`, at any depth, naming `what`.
+fn assert_acyclic(what: &str, graph: &BTreeMap<Module, BTreeSet<Module>>) {
+    let deepest = graph
+        .iter()
+        .flat_map(|(from, to)| std::iter::once(from).chain(to))
+        .map(Vec::len)
+        .max()
+        .unwrap_or(1);
     for depth in 1..=deepest {
-        if let Some(cycle) = find_cycle(&graph, depth) {
+        if let Some(cycle) = find_cycle(graph, depth) {
             panic!(
-                "import cycle between modules of src/ (depth {depth}): {}",
+                "import cycle between modules of {what} (depth {depth}): {}",
                 show(&cycle)
             );
         }
     }
+}
+
+#[test]
+fn no_import_cycles_between_modules() {
+    let modules = modules();
+    assert!(modules.len() > 20, "found the source tree");
+    assert_acyclic("src/", &import_graph(&modules));
+}
+
+#[test]
+fn no_import_cycles_in_the_bench_and_fault_crates() {
+    for dir in ["bench/src", "faults/src"] {
+        let modules = rust_modules(&root().join(dir), CrateRoot::Binary);
+        assert!(modules.len() > 5, "found {dir}");
+        assert_acyclic(dir, &import_graph(&modules));
+    }
+}
+
+#[test]
+fn no_import_cycles_in_the_sdks() {
+    let edges = |graph: &BTreeMap<Module, BTreeSet<Module>>| {
+        graph.values().map(BTreeSet::len).sum::<usize>()
+    };
+    let python = sdk_graphs::python(&root().join("clients/python/src/idemd"));
+    assert!(edges(&python) > 5, "parsed the Python SDK: {python:?}");
+    assert_acyclic("the Python SDK", &python);
+    let typescript = sdk_graphs::typescript(&root().join("clients/typescript/src"));
+    assert!(
+        edges(&typescript) > 5,
+        "parsed the TypeScript SDK: {typescript:?}"
+    );
+    assert_acyclic("the TypeScript SDK", &typescript);
+    let go = sdk_graphs::go(&root().join("clients/go"));
+    assert!(edges(&go) > 0, "parsed the Go SDK: {go:?}");
+    assert_acyclic("the Go SDK", &go);
+    let java = sdk_graphs::java(&root().join("clients/java"));
+    assert!(edges(&java) > 0, "parsed the Java SDK: {java:?}");
+    assert_acyclic("the Java SDK", &java);
+}
+
+/// The SDKs' sources hide no cycle from the parsers above: each parser
+/// sees the edges of a known snippet.
+#[test]
+fn the_sdk_parsers_see_imports() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, text).expect("write");
+    };
+    write(
+        "idemd/a.py",
+        "from .b import X\n\"\"\"\nfrom .c import Y\n\"\"\"\n",
+    );
+    write("idemd/b.py", "from idemd.a import Z\nimport idemd.c\n");
+    write("idemd/c.py", "");
+    let python = sdk_graphs::python(&dir.path().join("idemd"));
+    assert_eq!(show(&find_cycle(&python, 1).expect("cycle")), "a -> b -> a");
+    assert!(
+        !python[&vec!["a".to_string()]].contains(&vec!["c".to_string()]),
+        "docstring"
+    );
+    write("ts/a.ts", "import { x } from \"./b\";\n");
+    write("ts/b.ts", "export type { Y } from \"./a.js\";\n");
+    let typescript = sdk_graphs::typescript(&dir.path().join("ts"));
+    assert_eq!(
+        show(&find_cycle(&typescript, 1).expect("cycle")),
+        "a -> b -> a"
+    );
+    write(
+        "java/src/main/java/x/a/A.java",
+        "package x.a;\nimport x.b.B;\n",
+    );
+    write(
+        "java/src/main/java/x/b/B.java",
+        "package x.b;\nimport static x.a.A.f;\n",
+    );
+    let java = sdk_graphs::java(&dir.path().join("java"));
+    assert_eq!(
+        show(&find_cycle(&java, 1).expect("cycle")),
+        "x.a -> x.b -> x.a"
+    );
+    write("go/go.mod", "module example.com/m\n");
+    write(
+        "go/a/a.go",
+        "package a\nimport (\n\t\"fmt\"\n\t\"example.com/m/b\"\n)\n",
+    );
+    write("go/b/b.go", "package b\nimport \"example.com/m/a\"\n");
+    let go = sdk_graphs::go(&dir.path().join("go"));
+    assert_eq!(show(&find_cycle(&go, 1).expect("cycle")), "a -> b -> a");
 }
 
 /// The checker itself finds what it must (a test that cannot fail proves
@@ -294,6 +409,44 @@ fn design_doc_maps_every_top_level_module() {
     assert!(
         missing.is_empty(),
         "modules missing from the module map of docs/design.md: {missing:?}"
+    );
+}
+
+#[test]
+fn every_documented_path_exists() {
+    let mut checked = 0;
+    let mut missing = Vec::new();
+    for doc in paths::DOCUMENTS {
+        let text = std::fs::read_to_string(root().join(doc)).expect("doc");
+        for (path, base) in paths::named_paths(doc, &text) {
+            checked += 1;
+            if !paths::exists(&base, &path) {
+                missing.push(format!("{doc}: {path}"));
+            }
+        }
+    }
+    assert!(checked > 50, "parsed the docs ({checked} paths)");
+    assert!(
+        missing.is_empty(),
+        "paths named in the docs that do not exist: {missing:#?}"
+    );
+}
+
+/// The path check sees each shape it claims to (a check that finds
+/// nothing proves nothing).
+#[test]
+fn the_path_check_sees_every_shape() {
+    let text = "See [x](nowhere.md#a) and `src/gone.rs:12`, `store/gone/`.\n\
+        Not paths: `application/json`, `/v1/claim`, `a b/c`.\n\
+        ## Layout\n```text\nsrc/api/ src/missing.rs  what\n```\n";
+    let named: Vec<String> = paths::named_paths("README.md", text)
+        .into_iter()
+        .filter(|(path, base)| !paths::exists(base, path))
+        .map(|(path, _)| path)
+        .collect();
+    assert_eq!(
+        named,
+        ["nowhere.md", "src/gone.rs", "store/gone/", "src/missing.rs"]
     );
 }
 
