@@ -254,7 +254,12 @@ fn seal_flags(keyspace: &str) -> Vec<String> {
         crate::cql_support::nodes().join(","),
         "--keyspace".into(),
         keyspace.into(),
+        // A short grace, so the sealer reaches a fresh claim's bucket in
+        // seconds; it must exceed max_clock_skew (100 ms) plus the request
+        // timeout (Settings::validate), hence the shorter timeout.
         "--cql-seal-grace".into(),
+        "1500ms".into(),
+        "--cql-request-timeout".into(),
         "1s".into(),
     ]
 }
@@ -266,7 +271,7 @@ fn seal_flags(keyspace: &str) -> Vec<String> {
 /// before it copies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_inside_the_sealer_never_hides_a_claim() {
-    // A keyspace of its own: these replicas seal with a 1 s grace, which
+    // A keyspace of its own: these replicas seal with a 1.5 s grace, which
     // must not apply to the other tests' tenants.
     let mut options = crate::cql_support::options();
     options.keyspace = "idemd_seal_test".into();
@@ -323,7 +328,7 @@ async fn a_crash_inside_the_sealer_never_hides_a_claim() {
             .env("IDEMD_CRASH_AT", point)
             .env("IDEMD_CRASH_TENANT", &tenant);
         let mut doomed = crate::common::process::spawn_command(command);
-        // An idle tenant is sealed every 12 steps (4 s with a 1 s grace).
+        // An idle tenant is sealed every 12 steps (6 s with a 1.5 s grace).
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         let status = loop {
             if let Some(status) = doomed.child.try_wait().expect("wait") {
