@@ -37,7 +37,7 @@ pub const RPC_DURATION: &str = "idemd_rpc_duration_seconds";
 pub const STORE_DURATION: &str = "idemd_store_operation_duration_seconds";
 /// Embedded store: time each write spent in each stage of the writer
 /// (`queue`, `checkpoint_wait`, `apply`, `log_write`, `fsync`, `commit`),
-/// recorded per operation (issue 30's stall breakdown).
+/// recorded per operation: which stage the slow writes waited in.
 pub const EMBEDDED_WRITE_STAGE: &str = "idemd_embedded_write_stage_duration_seconds";
 /// Embedded store: time from a write's queueing to its answer, labelled
 /// with the stage that took most of it (`slowest_stage`): the slowest

@@ -9,11 +9,10 @@
 //! ~44 ms whatever the server does. tonic's `Server::tcp_nodelay(true)` does
 //! not help here: it applies only to listeners tonic binds itself and is
 //! silently ignored by `serve_with_incoming`, which idemd needs for its own
-//! TLS acceptor and for binding before the store opens. That is how the
-//! defect shipped once (issue 12); `clippy.toml` now forbids accepting a
-//! connection anywhere but here, and `tests/it/server.rs` and `tests/it/tls.rs`
-//! measure calls at one in flight through a real client
-//! (`tests/common/latency.rs`).
+//! TLS acceptor and for binding before the store opens, so `clippy.toml`
+//! forbids accepting a connection anywhere but here, and `tests/it/server.rs`
+//! and `tests/it/tls.rs` measure calls at one in flight through a real
+//! client (`tests/common/latency.rs`).
 
 use std::io;
 use std::net::SocketAddr;

@@ -293,7 +293,7 @@ async fn a_duplicate_during_the_lease_is_in_progress_unless_it_is_the_same_attem
     assert_eq!(h.claimed(first).await, lease);
 }
 
-/// Clock skew between replicas (issue 29). A lease is judged expired by
+/// Clock skew between replicas. A lease is judged expired by
 /// the replica that reads it, on its own clock: a replica whose clock runs
 /// ahead of the holder's sees a live lease as expired. Within the policy's
 /// `max_clock_skew` (default 100 ms) it must not take the key over; past

@@ -33,8 +33,7 @@ impl Engine {
         // The normal path (claimed, completed, released: two events per
         // protected request) and replays are logged at debug level: at info,
         // formatting and writing them cost more CPU than the store's writes
-        // (issue 15's profile: 8% of a pinned core, 60 MB of log in 8 s at
-        // 7k pairs/s). What an operator acts on (takeovers, unknown and
+        // (8% of a pinned core, 60 MB of log in 8 s at 7k pairs/s). What an operator acts on (takeovers, unknown and
         // failed outcomes, Reconcile verdicts) stays at info. Metrics count
         // every transition; the audit log keeps each one for audited
         // endpoints.
