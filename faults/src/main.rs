@@ -2,7 +2,7 @@
 //!
 //! Runs idemd (a real process, the embedded store in a temp dir) under
 //! careful clients while injecting one fault per scenario, heals it, and
-//! checks the history with one checker (`history.rs`): no key with two
+//! checks the history with one checker (`harness::history`): no key with two
 //! holders, nothing acknowledged lost, no claim lost, replays true, every
 //! call answered once healed. `make faults` runs the full profile; the short
 //! profile is part of `make test`. Results and what each scenario checks:

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 
 use crate::harness::history::Verdict;
-use crate::harness::report::millis;
+use crate::harness::report::{Report, millis};
 use crate::harness::run::Run;
 
 /// Non-OK answers over all answers in `phases`, from the verdict's counts.
@@ -64,5 +64,13 @@ pub async fn recovery(
     match until_calls_succeed(ok, since, Duration::from_secs(30)).await {
         Ok(took) => (vec![millis(took)], Vec::new()),
         Err(error) => (Vec::new(), vec![error.to_string()]),
+    }
+}
+
+/// Fails `report` with `failure` unless it has a recovery time, i.e. a
+/// call succeeded within the 30 s [`recovery`] waits.
+pub fn require_recovery(report: &mut Report, failure: &str) {
+    if report.recovery_ms.is_empty() {
+        report.verdict.unexpected.push(failure.to_string());
     }
 }

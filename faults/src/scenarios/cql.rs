@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::harness::judge::{error_rate, recovery};
+use crate::harness::judge::{error_rate, recovery, require_recovery};
 use crate::harness::report::{Report, millis};
 use crate::harness::run::{Run, Setup};
 use crate::plumbing::cluster::{Cluster, NODES};
@@ -108,12 +108,10 @@ pub async fn node_pause(cluster: &Cluster, setup: &Setup<'_>) -> anyhow::Result<
             PAUSE_MAX_ERRORS * 100.0
         ));
     }
-    if report.recovery_ms.is_empty() {
-        report
-            .verdict
-            .unexpected
-            .push("calls did not succeed within 30 s of the resume".into());
-    }
+    require_recovery(
+        &mut report,
+        "calls did not succeed within 30 s of the resume",
+    );
     Ok(report)
 }
 
@@ -163,11 +161,9 @@ pub async fn quorum_loss(
     let mut report = run
         .finish(name, injected.into(), recovery_ms, notes)
         .await?;
-    if report.recovery_ms.is_empty() {
-        report
-            .verdict
-            .unexpected
-            .push("calls did not succeed within 30 s of the quorum returning".into());
-    }
+    require_recovery(
+        &mut report,
+        "calls did not succeed within 30 s of the quorum returning",
+    );
     Ok(report)
 }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::harness::judge::{error_rate, recovery};
+use crate::harness::judge::{error_rate, recovery, require_recovery};
 use crate::harness::report::{Profile, Report};
 use crate::harness::run::{Run, Setup};
 use crate::plumbing::cluster::{Cluster, ClusterSpec};
@@ -335,9 +335,8 @@ fn judge(report: &mut Report, cut: Cut) {
         "all calls while cut: {:.2}% failed",
         overall * 100.0
     ));
-    if report.recovery_ms.is_empty() {
-        verdict
-            .unexpected
-            .push("calls through replica 0 did not succeed within 30 s of the heal".into());
-    }
+    require_recovery(
+        report,
+        "calls through replica 0 did not succeed within 30 s of the heal",
+    );
 }
