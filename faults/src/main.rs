@@ -93,7 +93,8 @@ struct Args {
     cluster_restarts: usize,
     /// Set by `idemd-faults` itself when it re-runs the partition
     /// scenarios inside a user and network namespace of their own
-    /// (`scenarios::partition::isolated`): run them here, on this namespace's network.
+    /// (`scenarios::partition::isolated`): run them here, on this
+    /// namespace's network.
     #[arg(long, hide = true)]
     in_network_namespace: bool,
 }
