@@ -2,7 +2,7 @@
 //!
 //! Runs idemd (a real process, the embedded store in a temp dir) under
 //! careful clients while injecting one fault per scenario, heals it, and
-//! checks the history with one checker (`history.rs`): no key with two
+//! checks the history with one checker (`harness::history`): no key with two
 //! holders, nothing acknowledged lost, no claim lost, replays true, every
 //! call answered once healed. `make faults` runs the full profile; the short
 //! profile is part of `make test`. Results and what each scenario checks:
@@ -10,28 +10,38 @@
 //!
 //! # Layout
 //!
-//! * `history`: what the clients saw, and the checker.
-//! * `workload`: the careful client, run by many workers.
-//! * `server`: the idemd process, started, killed, paused, restarted.
-//! * `scenarios`: one function per fault of the embedded store (the full
-//!   disk on a tmpfs in a mount namespace of its own).
-//! * `cql`: the Cassandra scenarios (3 nodes, two idemd replicas; full
-//!   profile only).
-//! * `skew`: one of two replicas on the cluster with its wall clock moved
-//!   (libfaketime), leases taken over.
-//! * `partition`: the cluster and both replicas on a network of the
-//!   suite's own (a user and network namespace), links cut with nftables.
-//! * `namespace`: namespaces held open by an anchor process (the full
-//!   disk's, each replica's in the partitions).
+//! Three layers, each using only the ones below it: `scenarios` inject
+//! faults, the `harness` runs and judges, the `plumbing` acts on the world.
+//!
+//! * `scenarios::embedded`: the embedded store's faults (kill -9, SIGSTOP,
+//!   a torn log, damaged pages, a full disk).
+//! * `scenarios::cql`: Cassandra nodes killed, paused, the quorum lost, the
+//!   whole cluster restarted, under two replicas (full profile only).
+//! * `scenarios::skew`: one of two replicas on the cluster with its wall
+//!   clock moved (libfaketime), leases taken over.
+//! * `scenarios::partition`: links cut between the nodes and the replicas,
+//!   on a network of the suite's own.
+//! * `harness::run`: one scenario's run: servers up, clients on, heal,
+//!   final reads, verdict.
+//! * `harness::workload`: the careful client, run by many workers.
+//! * `harness::history`: what the clients saw, and the checker.
+//! * `harness::judge`: error rates and recovery times scenarios bound.
+//! * `harness::report`: the profile, and a scenario's report, printed and
+//!   written as JSON.
+//! * `plumbing::server`: an idemd process, started, killed, paused,
+//!   restarted.
+//! * `plumbing::grpc`: the suite's tenant, endpoint and channels.
+//! * `plumbing::cluster`: the Cassandra test cluster (`scripts/cassandra.sh`).
+//! * `plumbing::namespace`: namespaces held open by an anchor process, and
+//!   commands run in them.
+//! * `plumbing::disk`: a tmpfs in a mount namespace of its own (the full
+//!   disk).
+//! * `plumbing::network`: the partitions' network: a namespace per member,
+//!   veth links, cuts with nftables.
 
-mod cql;
-mod history;
-mod namespace;
-mod partition;
+mod harness;
+mod plumbing;
 mod scenarios;
-mod server;
-mod skew;
-mod workload;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -39,8 +49,11 @@ use std::time::Duration;
 use anyhow::bail;
 use clap::Parser;
 
-use scenarios::{Profile, Report};
-use workload::Load;
+use harness::report::{Profile, Report};
+use harness::run::Setup;
+use harness::workload::Load;
+use plumbing::cluster::{Cluster, ClusterSpec, Placement};
+use scenarios::{cql, embedded, partition, skew};
 
 /// Command line of `idemd-faults`.
 #[derive(Debug, Parser)]
@@ -80,59 +93,10 @@ struct Args {
     cluster_restarts: usize,
     /// Set by `idemd-faults` itself when it re-runs the partition
     /// scenarios inside a user and network namespace of their own
-    /// (`partition::isolated`): run them here, on this namespace's network.
+    /// (`scenarios::partition::isolated`): run them here, on this
+    /// namespace's network.
     #[arg(long, hide = true)]
     in_network_namespace: bool,
-}
-
-fn print(report: &Report) {
-    let v = &report.verdict;
-    let calls: u64 = v.statuses.values().flat_map(|codes| codes.values()).sum();
-    eprintln!(
-        "idemd-faults: {:<12} {} in {:.1}s: {} RPCs, {} keys, {} acked, lost {}, double {}, wrong replays {}, undecided {}, unexpected {}, data loss {}",
-        report.scenario,
-        if report.passed() { "PASS" } else { "FAIL" },
-        report.seconds,
-        calls,
-        v.keys,
-        v.acked,
-        v.lost.len(),
-        v.double.len(),
-        v.wrong_replays.len(),
-        v.undecided,
-        v.unexpected.len(),
-        v.data_loss,
-    );
-    for (phase, codes) in &v.statuses {
-        let codes: Vec<String> = codes
-            .iter()
-            .map(|(code, n)| format!("{code} {n}"))
-            .collect();
-        eprintln!("idemd-faults:   phase {phase:<9} {}", codes.join(", "));
-    }
-    if !report.recovery_ms.is_empty() {
-        let mut sorted = report.recovery_ms.clone();
-        sorted.sort_unstable();
-        eprintln!(
-            "idemd-faults:   recovery: {} faults, median {} ms, max {} ms",
-            sorted.len(),
-            sorted[sorted.len() / 2],
-            sorted[sorted.len() - 1]
-        );
-    }
-    for note in &report.notes {
-        eprintln!("idemd-faults:   note: {note}");
-    }
-    for problem in v
-        .double
-        .iter()
-        .chain(&v.lost)
-        .chain(&v.wrong_replays)
-        .chain(&v.unexpected)
-        .take(10)
-    {
-        eprintln!("idemd-faults:   problem: {problem}");
-    }
 }
 
 #[tokio::main]
@@ -164,54 +128,57 @@ async fn main() -> anyhow::Result<()> {
             args.scenarios.iter().any(|s| s == name)
         }
     };
-    let bin = &args.idemd_bin;
-    let mut reports = Vec::new();
-    let partitions: Vec<&'static str> = partition::SCENARIOS
-        .into_iter()
-        .filter(|name| wanted(name))
-        .collect();
+    let setup = Setup {
+        bin: &args.idemd_bin,
+        load,
+        log_dir: &log_dir,
+    };
     // The CQL scenarios' clients wait longer: a request may take the
     // store's 2 s timeout plus the read that resolves an uncertain write.
-    let cql_load = Load {
-        rpc_timeout: Duration::from_secs(3),
-        ..load.clone()
+    let cql_setup = Setup {
+        load: Load {
+            rpc_timeout: Duration::from_secs(3),
+            ..setup.load.clone()
+        },
+        ..setup.clone()
+    };
+    let partitions = partition::Partitions {
+        profile: args.profile,
+        setup: cql_setup.clone(),
+        scenarios: partition::SCENARIOS
+            .into_iter()
+            .filter(|name| wanted(name))
+            .collect(),
+        cassandra_script: &args.cassandra_script,
+        commitlog_sync: &args.cassandra_commitlog_sync,
     };
     if args.in_network_namespace {
-        reports = partition::inside(
-            &partitions,
-            args.profile,
-            &args.cassandra_script,
-            &args.cassandra_commitlog_sync,
-            bin,
-            &cql_load,
-            &log_dir,
-        )
-        .await?;
+        let reports = partition::inside(&partitions).await?;
         return finish(&args, &reports);
     }
+    let mut reports = Vec::new();
+    let mut report = |report: Report| {
+        report.print();
+        reports.push(report);
+    };
     if wanted("kill9") {
-        reports.push(scenarios::kill9(bin, &load, &log_dir, cycles).await?);
-        print(reports.last().expect("pushed"));
+        report(embedded::kill9(&setup, cycles).await?);
     }
     if wanted("pause") {
-        reports.push(scenarios::pause(bin, &load, &log_dir, pauses).await?);
-        print(reports.last().expect("pushed"));
+        report(embedded::pause(&setup, pauses).await?);
     }
     if wanted("torn-wal") {
-        reports.push(scenarios::torn_wal(bin, &load, &log_dir).await?);
-        print(reports.last().expect("pushed"));
+        report(embedded::torn_wal(&setup).await?);
     }
     if wanted("corrupt-page") {
-        reports.push(scenarios::corrupt_page(bin, &load, &log_dir).await?);
-        print(reports.last().expect("pushed"));
+        report(embedded::corrupt_page(&setup).await?);
     }
     if wanted("full-disk") {
         let rounds = match args.profile {
             Profile::Short => 1,
             Profile::Full => 3,
         };
-        reports.push(scenarios::full_disk(bin, &load, &log_dir, rounds).await?);
-        print(reports.last().expect("pushed"));
+        report(embedded::full_disk(&setup, rounds).await?);
     }
     if [
         "cql-node-kill",
@@ -223,46 +190,35 @@ async fn main() -> anyhow::Result<()> {
     .into_iter()
     .any(wanted)
     {
-        let cluster = cql::Cluster::start(
-            &args.cassandra_script,
-            &args.cassandra_commitlog_sync,
-            cql::Placement::loopback(),
-            bin,
-            "idemd_faults",
-        )
-        .await?;
+        let spec = ClusterSpec {
+            script: args.cassandra_script.clone(),
+            commitlog_sync: args.cassandra_commitlog_sync.clone(),
+            placement: Placement::loopback(),
+        };
+        let cluster = Cluster::start(spec, setup.bin).await?;
         // The cluster is stopped whatever a scenario returns: its nodes
         // must not outlive the run (they hold ports and locks of the caller).
         let scenarios = async {
             if wanted("cql-node-kill") {
-                reports.push(cql::node_kill(&cluster, bin, &cql_load, &log_dir).await?);
-                print(reports.last().expect("pushed"));
+                report(cql::node_kill(&cluster, &cql_setup).await?);
             }
             if wanted("cql-node-pause") {
-                reports.push(cql::node_pause(&cluster, bin, &cql_load, &log_dir).await?);
-                print(reports.last().expect("pushed"));
+                report(cql::node_pause(&cluster, &cql_setup).await?);
             }
             if wanted("cql-clock-skew") {
-                for report in skew::clock_skew(&cluster, bin, &log_dir).await? {
-                    print(&report);
-                    reports.push(report);
+                for one in skew::clock_skew(&cluster, &setup).await? {
+                    report(one);
                 }
             }
             if wanted("cql-quorum-loss") {
                 // Three in a row: the recovery must not depend on luck.
                 for _ in 0..3 {
-                    let report =
-                        cql::quorum_loss(&cluster, &[2, 3], bin, &cql_load, &log_dir).await?;
-                    print(&report);
-                    reports.push(report);
+                    report(cql::quorum_loss(&cluster, &cql_setup, &[2, 3]).await?);
                 }
             }
             if wanted("cql-cluster-restart") {
                 for _ in 0..args.cluster_restarts {
-                    let report =
-                        cql::quorum_loss(&cluster, &[1, 2, 3], bin, &cql_load, &log_dir).await?;
-                    print(&report);
-                    reports.push(report);
+                    report(cql::quorum_loss(&cluster, &cql_setup, &[1, 2, 3]).await?);
                 }
             }
             anyhow::Ok(())
@@ -271,21 +227,9 @@ async fn main() -> anyhow::Result<()> {
         cluster.stop().await?;
         scenarios?;
     }
-    if !partitions.is_empty() {
-        reports.extend(
-            partition::isolated(&partition::Isolated {
-                profile: match args.profile {
-                    Profile::Short => "short",
-                    Profile::Full => "full",
-                },
-                bin,
-                scenarios: partitions,
-                log_dir: &log_dir,
-                cassandra_script: &args.cassandra_script,
-                commitlog_sync: &args.cassandra_commitlog_sync,
-            })
-            .await?,
-        );
+    if !partitions.scenarios.is_empty() {
+        // Printed by the run in the namespace, as it goes.
+        reports.extend(partition::isolated(&partitions).await?);
     }
     finish(&args, &reports)
 }

@@ -21,11 +21,13 @@ use idemd::proto::v1 as pb;
 use idemd::proto::v1::idempotency_client::IdempotencyClient;
 use tonic::transport::Channel;
 
-use crate::cql::Cluster;
-use crate::history::{History, response_body};
-use crate::scenarios::Report;
-use crate::server::Server;
-use crate::workload::{ENDPOINT, channel, claim_request, finals, request};
+use crate::harness::history::{DataLoss, History, response_body};
+use crate::harness::report::Report;
+use crate::harness::run::Setup;
+use crate::harness::workload::{claim_request, finals};
+use crate::plumbing::cluster::Cluster;
+use crate::plumbing::grpc::{ENDPOINT, channel, request};
+use crate::plumbing::server::Server;
 
 /// How far the skewed replica's clock is moved: more than half the lease.
 const SKEW: Duration = Duration::from_secs(3);
@@ -37,6 +39,35 @@ const WORK: Duration = Duration::from_millis(2_500);
 const WORKERS: usize = 6;
 /// How long each direction runs.
 const RUN_FOR: Duration = Duration::from_secs(12);
+
+/// Which way the skewed replica's clock is moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    /// [`SKEW`] ahead: holders on the replica on time, contenders on the
+    /// skewed one, which sees their leases end early.
+    Ahead,
+    /// [`SKEW`] behind: holders on the skewed replica, whose leases end
+    /// early for everyone else; contenders on the replica on time.
+    Behind,
+}
+
+impl Direction {
+    /// The direction in the scenario's name and keys.
+    fn name(self) -> &'static str {
+        match self {
+            Direction::Ahead => "ahead",
+            Direction::Behind => "behind",
+        }
+    }
+
+    /// `FAKETIME`'s sign.
+    fn sign(self) -> &'static str {
+        match self {
+            Direction::Ahead => "+",
+            Direction::Behind => "-",
+        }
+    }
+}
 
 /// Where Debian's `faketime` package puts the library
 /// (`scripts/test-deps.sh` installs it).
@@ -54,27 +85,27 @@ fn libfaketime() -> anyhow::Result<PathBuf> {
     bail!("libfaketime.so.1 not found: install Debian's faketime package (scripts/test-deps.sh)")
 }
 
-/// Runs both directions on `cluster`; one report each.
-pub async fn clock_skew(
-    cluster: &Cluster,
-    bin: &Path,
-    log_dir: &Path,
-) -> anyhow::Result<Vec<Report>> {
+/// Runs both directions on `cluster`; one report each. The scenario runs
+/// workers of its own (holders and contenders), not `setup`'s load.
+pub async fn clock_skew(cluster: &Cluster, setup: &Setup<'_>) -> anyhow::Result<Vec<Report>> {
     let library = libfaketime()?;
     let mut reports = Vec::new();
-    for ahead in [true, false] {
-        reports.push(one_direction(cluster, bin, log_dir, &library, ahead).await?);
+    for direction in [Direction::Ahead, Direction::Behind] {
+        reports.push(one_direction(cluster, setup, &library, direction).await?);
     }
     Ok(reports)
 }
 
+/// One direction: the two replicas, the skew checked, the holders and
+/// contenders until [`RUN_FOR`] is up, then the checker.
 async fn one_direction(
     cluster: &Cluster,
-    bin: &Path,
-    log_dir: &Path,
+    setup: &Setup<'_>,
     library: &Path,
-    ahead: bool,
+    direction: Direction,
 ) -> anyhow::Result<Report> {
+    let (bin, log_dir) = (setup.bin, setup.log_dir);
+    let ahead = direction == Direction::Ahead;
     let started = Instant::now();
     let dir = tempfile::tempdir()?;
     let config = dir.path().join("idemd.toml");
@@ -84,7 +115,7 @@ async fn one_direction(
     )?;
     let mut flags = cluster.flags();
     flags.extend(["--config".to_string(), config.display().to_string()]);
-    let sign = if ahead { "+" } else { "-" };
+    let sign = direction.sign();
     let mut on_time = Server::new(bin, &dir.path().join("on-time"), log_dir, flags.clone())?;
     let mut skewed = Server::new(bin, &dir.path().join("skewed"), log_dir, flags)?.wrapped(vec![
         "env".into(),
@@ -103,14 +134,14 @@ async fn one_direction(
     };
     let history = Arc::new(History::default());
     history.phase("skewed");
-    let mut notes = vec![check_the_skew(&skewed.address, ahead).await?];
+    let mut notes = vec![check_the_skew(&skewed.address, direction).await?];
     let deadline = Instant::now() + RUN_FOR;
     let mut workers = tokio::task::JoinSet::new();
     for worker in 0..WORKERS {
         let history = Arc::clone(&history);
         let holders = IdempotencyClient::new(channel(&holders_at, Duration::from_secs(3))?);
         let contenders = IdempotencyClient::new(channel(&contenders_at, Duration::from_secs(3))?);
-        let prefix = format!("skew-{}-{worker}", if ahead { "ahead" } else { "behind" });
+        let prefix = format!("skew-{}-{worker}", direction.name());
         workers.spawn(hold_and_contend(
             holders, contenders, history, prefix, deadline,
         ));
@@ -120,7 +151,7 @@ async fn one_direction(
     }
     history.phase("check");
     let finals = finals(&on_time.address, &history).await?;
-    let verdict = history.verdict(&finals, false);
+    let verdict = history.verdict(&finals, DataLoss::IsLoss);
     let takeovers = verdict
         .statuses
         .get("skewed")
@@ -134,7 +165,7 @@ async fn one_direction(
     let _ = on_time.stop().await;
     let _ = skewed.stop().await;
     Ok(Report {
-        scenario: format!("cql-clock-skew-{}", if ahead { "ahead" } else { "behind" }),
+        scenario: format!("cql-clock-skew-{}", direction.name()),
         injected: format!(
             "one of two replicas with its wall clock {sign}{} s (libfaketime), takeover policy, {} s leases held {} ms; holders on the {} replica, contenders on the other",
             SKEW.as_secs(),
@@ -153,7 +184,7 @@ async fn one_direction(
 /// `LEASE ± SKEW` from this process's clock. A replica that refuses to
 /// grant (its clock is off, as it should) is retried; a refusal is itself
 /// the evidence, reported as such.
-async fn check_the_skew(address: &str, ahead: bool) -> anyhow::Result<String> {
+async fn check_the_skew(address: &str, direction: Direction) -> anyhow::Result<String> {
     let mut client = IdempotencyClient::new(channel(address, Duration::from_secs(3))?);
     let key = format!("skew-probe-{}", std::process::id());
     let mut claim = claim_request(&key, "probe");
@@ -172,7 +203,10 @@ async fn check_the_skew(address: &str, ahead: bool) -> anyhow::Result<String> {
                 .duration_since(std::time::UNIX_EPOCH)?
                 .as_millis();
             let skew = ends - i64::try_from(now)? - 60_000;
-            let expected = if ahead { 3_000 } else { -3_000 };
+            let expected = match direction {
+                Direction::Ahead => 3_000,
+                Direction::Behind => -3_000,
+            };
             if (skew - expected).abs() > 1_500 {
                 bail!(
                     "the skewed replica's clock is {skew} ms off, not {expected}: libfaketime did not apply"

@@ -33,24 +33,31 @@ pub struct History {
     inner: Mutex<Inner>,
 }
 
+/// The recorded answers, behind [`History`]'s lock.
 #[derive(Debug, Default)]
 struct Inner {
-    /// The phase statuses are counted under.
+    /// The phase statuses are counted under, so a report tells what the
+    /// clients saw during the fault from what they saw after it.
     phase: String,
-    /// Key → lease tokens handed out in `claimed` answers.
+    /// Key → lease tokens handed out in `claimed` answers: two tokens for
+    /// one key are a double execution.
     claimed: HashMap<String, HashSet<String>>,
-    /// Key → the body of the Complete that was acknowledged.
+    /// Key → the body of the Complete that was acknowledged: what must
+    /// replay at the end.
     acked: HashMap<String, Vec<u8>>,
-    /// Key → bodies seen in replays during the run.
+    /// Key → bodies seen in replays during the run, each checked against
+    /// the key's holders.
     replays: HashMap<String, HashSet<Vec<u8>>>,
-    /// Phase → status (or outcome) → count.
+    /// Phase → status (or outcome) → count, for the report.
     statuses: BTreeMap<String, BTreeMap<String, u64>>,
     /// Phase → replica (its index) → status → count: what the clients of
     /// each replica saw, for scenarios that fault one replica only.
     by_replica: BTreeMap<String, BTreeMap<usize, BTreeMap<String, u64>>>,
-    /// Logical calls that never got a definitive answer.
+    /// Logical calls that never got a definitive answer: each fails the
+    /// "every call ends" property.
     undecided: u64,
-    /// Answers the contract forbids here (mismatch, an unexpected error).
+    /// Answers the contract forbids here (mismatch, an unexpected error),
+    /// each failing the scenario.
     unexpected: Vec<String>,
 }
 
@@ -151,8 +158,9 @@ impl History {
     }
 
     /// The verdict, given what the final reads found (`finals`: key →
-    /// what the server held after the heal).
-    pub fn verdict(&self, finals: &HashMap<String, Final>, tolerate_data_loss: bool) -> Verdict {
+    /// what the server held after the heal); `data_loss` says how a key
+    /// answered `DATA_LOSS` counts.
+    pub fn verdict(&self, finals: &HashMap<String, Final>, data_loss: DataLoss) -> Verdict {
         let inner = self.lock();
         let mut verdict = Verdict {
             keys: finals.len(),
@@ -197,7 +205,9 @@ impl History {
                     // Completed, the acknowledgement lost with the fault.
                 }
                 (Some(Final::InProgress), None) => {}
-                (Some(Final::DataLoss), _) if tolerate_data_loss => verdict.data_loss += 1,
+                (Some(Final::DataLoss), _) if data_loss == DataLoss::Expected => {
+                    verdict.data_loss += 1;
+                }
                 (found, acked) => verdict.lost.push(format!(
                     "{key}: expected {}, found {found:?}",
                     if acked.is_some() {
@@ -235,14 +245,29 @@ pub fn response_body(key: &str, token: &str) -> Vec<u8> {
     .into_bytes()
 }
 
+/// How the verdict counts a key the server answers `DATA_LOSS` for at the
+/// end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataLoss {
+    /// As lost: the scenario damaged nothing, so a record the server
+    /// cannot read is one it lost.
+    IsLoss,
+    /// Apart, in [`Verdict::data_loss`]: the scenario damaged the data on
+    /// purpose, and refusing to answer from a damaged record is the right
+    /// answer.
+    Expected,
+}
+
 /// What the final check must find for one key.
 #[derive(Debug, Clone)]
 pub struct Expectation {
-    /// The key.
+    /// The key, read back with Lookup at the end.
     pub key: String,
-    /// The acknowledged response, if a Complete was acknowledged.
+    /// The acknowledged response, if a Complete was acknowledged: it must
+    /// replay byte for byte.
     pub acked: Option<Vec<u8>>,
-    /// Lease tokens handed out for it.
+    /// Lease tokens handed out for it: without an acknowledgement, the
+    /// key must be held or completed by one of these holders.
     pub tokens: HashSet<String>,
 }
 
@@ -318,7 +343,7 @@ mod tests {
             ("b".to_string(), Final::InProgress),
             ("d".to_string(), Final::Claimed),
         ]);
-        let verdict = history.verdict(&finals, false);
+        let verdict = history.verdict(&finals, DataLoss::IsLoss);
         assert_eq!(verdict.double.len(), 1, "{verdict:?}");
         assert_eq!(verdict.wrong_replays.len(), 1, "{verdict:?}");
         assert_eq!(verdict.lost.len(), 1, "d was free again: {verdict:?}");
@@ -328,8 +353,23 @@ mod tests {
         history.claimed("a", "t1");
         history.acked("a", &response_body("a", "t1"));
         let finals = HashMap::from([("a".to_string(), Final::Replayed(b"other".to_vec()))]);
-        assert_eq!(history.verdict(&finals, false).lost.len(), 1);
+        assert_eq!(history.verdict(&finals, DataLoss::IsLoss).lost.len(), 1);
         let finals = HashMap::from([("a".to_string(), Final::Replayed(response_body("a", "t1")))]);
-        assert!(history.verdict(&finals, false).passed());
+        assert!(history.verdict(&finals, DataLoss::IsLoss).passed());
+    }
+
+    /// A key answered `DATA_LOSS` is lost unless the scenario damaged the
+    /// data on purpose; then it is counted apart and the run can pass.
+    #[test]
+    fn data_loss_counts_as_lost_unless_expected() {
+        let history = History::default();
+        history.claimed("a", "t1");
+        history.acked("a", &response_body("a", "t1"));
+        let finals = HashMap::from([("a".to_string(), Final::DataLoss)]);
+        let lost = history.verdict(&finals, DataLoss::IsLoss);
+        assert_eq!((lost.lost.len(), lost.data_loss), (1, 0), "{lost:?}");
+        let expected = history.verdict(&finals, DataLoss::Expected);
+        assert_eq!((expected.lost.len(), expected.data_loss), (0, 1));
+        assert!(expected.passed(), "{expected:?}");
     }
 }

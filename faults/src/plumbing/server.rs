@@ -1,5 +1,6 @@
-//! An `idemd` process on the embedded store that scenarios kill, pause and
-//! restart on the same address and data directory.
+//! An `idemd` process that scenarios start, kill, pause and restart on the
+//! same address and data directory (the embedded store's, or a replica's
+//! on the CQL store), with each run's stderr kept for the report.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -11,27 +12,29 @@ use idemd::proto::v1::idempotency_client::IdempotencyClient;
 use tokio::process::{Child, Command};
 use tonic::Code;
 
-use crate::workload::{ENDPOINT, TENANT, channel};
+use crate::plumbing::grpc::{ENDPOINT, channel, request};
 
 /// The server under test.
 pub struct Server {
-    /// The binary.
+    /// The binary under test.
     bin: PathBuf,
-    /// Its data directory, kept across restarts.
+    /// Its data directory, kept across restarts (what a restart must
+    /// recover from; scenarios damage files in it).
     pub data_dir: PathBuf,
     /// `127.0.0.1:port` (or another host: [`Server::on_host`]), kept
-    /// across restarts.
+    /// across restarts so the clients' channels follow the server.
     pub address: String,
-    /// Where each run's stderr goes (`server-N.log`).
+    /// Where each run's stderr goes (`server-N.log`): what a refused start
+    /// said is judged from it.
     log_dir: PathBuf,
-    /// Runs started so far (names the logs).
+    /// Runs started so far (names the logs, one per run).
     runs: usize,
-    /// The running process, if any.
+    /// The running process, if any: what signals and kills reach.
     child: Option<Child>,
     /// Flags beyond address, data dir and logs (the CQL store's).
     extra: Vec<String>,
-    /// A command the binary runs under (`nsenter` into a mount namespace
-    /// of the scenario's); empty: none.
+    /// A command the binary runs under (`nsenter` into a namespace of the
+    /// scenario's, `env` with libfaketime); empty: none.
     wrapper: Vec<String>,
 }
 
@@ -135,14 +138,11 @@ impl Server {
                     tail(&self.log())
                 );
             }
-            let mut probe = tonic::Request::new(pb::LookupRequest {
+            let probe = request(pb::LookupRequest {
                 endpoint: ENDPOINT.to_string(),
                 key: "ready-probe".to_string(),
                 include_response: false,
             });
-            probe
-                .metadata_mut()
-                .insert("x-tenant-id", TENANT.parse().expect("ascii"));
             match client.lookup(probe).await {
                 // The store answered: open.
                 Err(status) if status.code() == Code::NotFound => return Ok(started.elapsed()),
@@ -222,4 +222,14 @@ impl Server {
 pub fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(5)..].join("\n")
+}
+
+/// The last line idemd wrote in its own words (`idemd: …`, not a JSON
+/// log line): what it says when it refuses to start or exits.
+pub fn last_message(log: &str) -> String {
+    log.lines()
+        .rev()
+        .find(|line| line.starts_with("idemd:"))
+        .unwrap_or_default()
+        .to_string()
 }

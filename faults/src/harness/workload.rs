@@ -14,20 +14,17 @@ use std::time::{Duration, Instant};
 
 use idemd::proto::v1 as pb;
 use idemd::proto::v1::idempotency_client::IdempotencyClient;
-use tonic::transport::{Channel, Endpoint};
-use tonic::{Code, Request};
+use tonic::Code;
+use tonic::transport::Channel;
 
-use crate::history::{Final, History, response_body};
-
-/// The tenant every scenario uses (auth is off).
-pub const TENANT: &str = "faults";
-/// The endpoint every scenario uses.
-pub const ENDPOINT: &str = "POST /v1/faults";
+use crate::harness::history::{Final, History, response_body};
+use crate::plumbing::grpc::{ENDPOINT, channel, request};
 
 /// Settings shared by the workers of one scenario.
 #[derive(Debug, Clone)]
 pub struct Load {
-    /// Concurrent workers.
+    /// Concurrent workers: enough that contended keys see several
+    /// claimants at once under the fault.
     pub workers: usize,
     /// Per-RPC deadline: a paused server must not hold a worker forever.
     pub rpc_timeout: Duration,
@@ -35,25 +32,9 @@ pub struct Load {
     pub heal_budget: Duration,
 }
 
-/// A channel to `address` that reconnects by itself.
-pub fn channel(address: &str, rpc_timeout: Duration) -> anyhow::Result<Channel> {
-    Ok(Endpoint::from_shared(format!("http://{address}"))?
-        .timeout(rpc_timeout)
-        .connect_timeout(Duration::from_millis(500))
-        .tcp_nodelay(true)
-        .connect_lazy())
-}
-
-pub(crate) fn request<T>(message: T) -> Request<T> {
-    let mut request = Request::new(message);
-    request
-        .metadata_mut()
-        .insert("x-tenant-id", TENANT.parse().expect("ascii"));
-    request
-}
-
+/// The Claim's fingerprint: any 32 bytes fixed per key, so retries of a
+/// call send the same request.
 fn fingerprint(key: &str) -> Vec<u8> {
-    // Any 32 bytes fixed per key: retries of a call send the same request.
     let mut digest = [0u8; 32];
     for (i, byte) in key.bytes().enumerate() {
         digest[i % 32] ^= byte.rotate_left((i / 32) as u32);
@@ -61,7 +42,9 @@ fn fingerprint(key: &str) -> Vec<u8> {
     digest.to_vec()
 }
 
-pub(crate) fn claim_request(key: &str, attempt_id: &str) -> pb::ClaimRequest {
+/// A Claim of `key` by the attempt `attempt_id`, as every careful client
+/// sends it.
+pub fn claim_request(key: &str, attempt_id: &str) -> pb::ClaimRequest {
     pb::ClaimRequest {
         endpoint: ENDPOINT.to_string(),
         key: key.to_string(),
@@ -150,9 +133,10 @@ pub async fn run(
 /// the next on every failed RPC (what a client behind a load balancer
 /// sees when a replica dies).
 struct Replicas<'a> {
-    /// Every replica's address.
+    /// Every replica's address, in the run's order (replica indices in the
+    /// history are positions here).
     addresses: &'a [String],
-    /// The worker's first choice.
+    /// The worker's first choice, so workers spread over the replicas.
     first: usize,
 }
 
@@ -173,13 +157,15 @@ impl Replicas<'_> {
 
 /// How a logical call handles a failed RPC.
 struct Retry<'a> {
-    /// Budget and pacing.
+    /// The heal budget a call's retries must end within.
     load: &'a Load,
-    /// Where failures are recorded.
+    /// Where failures are recorded (each is a status the report counts).
     history: &'a History,
-    /// Set when the fault is healed and workers finish.
+    /// Set when the fault is healed and workers finish: from then on the
+    /// heal budget runs.
     stop: &'a AtomicBool,
-    /// When the call first failed after the heal began.
+    /// When the call first failed after the heal began: the start of its
+    /// heal budget.
     healing_since: Option<Instant>,
 }
 

@@ -1,0 +1,16 @@
+//! The faults, one family per module, each scenario one function: it
+//! starts a run (`harness::run`), injects its fault through the plumbing,
+//! heals it, and hands the history to the shared checker, adding its own
+//! bounds where the fault allows some failures.
+//!
+//! * `embedded`: one idemd on the embedded store: kill -9, SIGSTOP, a torn
+//!   log tail, damaged database pages, a full disk.
+//! * `cql`: a 3-node Cassandra cluster under two replicas: a node killed,
+//!   a node paused, the quorum lost, the whole cluster restarted.
+//! * `skew`: one of two replicas with its wall clock moved.
+//! * `partition`: links cut between the nodes and the replicas.
+
+pub mod cql;
+pub mod embedded;
+pub mod partition;
+pub mod skew;
