@@ -58,11 +58,7 @@ impl Running {
 
 /// Waits until a gRPC server answers a Claim (idemd serves before its store
 /// is open and answers UNAVAILABLE until then).
-pub(super) async fn wait_grpc(
-    server: &mut Server,
-    address: SocketAddr,
-    timeout: Duration,
-) -> Result<()> {
+async fn wait_grpc(server: &mut Server, address: SocketAddr, timeout: Duration) -> Result<()> {
     let url = format!("http://{address}");
     let deadline = Instant::now() + timeout;
     let probe = format!("ready-{}", crate::ids::run_id());
@@ -82,6 +78,8 @@ pub(super) async fn wait_grpc(
     }
 }
 
+/// Whether any CQL contact point accepts a TCP connection within 2 s (the
+/// CQL systems are skipped, or `--require-cql` fails, when none does).
 pub(super) fn cql_reachable(nodes: &[String]) -> bool {
     nodes.iter().any(|node| {
         node.parse::<SocketAddr>().ok().is_some_and(|addr| {
@@ -90,6 +88,8 @@ pub(super) fn cql_reachable(nodes: &[String]) -> bool {
     })
 }
 
+/// The repository this bench was built in (Cassandra's files live under
+/// its `.cache/`).
 pub(super) fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -97,6 +97,17 @@ pub(super) fn repo_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
+/// The server's own process, sampled as `server`.
+fn server_sample(server: &Server) -> Vec<(String, u32)> {
+    server
+        .pid()
+        .map(|pid| ("server".to_string(), pid))
+        .into_iter()
+        .collect()
+}
+
+/// Starts `kind` as the flags say: its server (none for the raw driver),
+/// a client connected to it, and the processes to sample.
 pub(super) async fn start_system(kind: SystemKind, common: &Common) -> Result<Running> {
     let pin = common.pin && kind.pinnable();
     let cassandra = || {
@@ -106,11 +117,7 @@ pub(super) async fn start_system(kind: SystemKind, common: &Common) -> Result<Ru
             .collect::<Vec<_>>()
     };
     let grpc_system = |server: Server, address: SocketAddr, client: Grpc, extra: Vec<_>| {
-        let mut sample: Vec<(String, u32)> = server
-            .pid()
-            .map(|pid| ("server".to_string(), pid))
-            .into_iter()
-            .collect();
+        let mut sample = server_sample(&server);
         sample.extend(extra);
         Running {
             kind,
@@ -153,11 +160,7 @@ pub(super) async fn start_system(kind: SystemKind, common: &Common) -> Result<Ru
             let (server, conninfo) = servers::start_postgres(pin).await?;
             Postgres::reset_schema(&conninfo).await?;
             let client = Postgres::connect(&conninfo, common.db_connections).await?;
-            let sample = server
-                .pid()
-                .map(|pid| ("server".to_string(), pid))
-                .into_iter()
-                .collect();
+            let sample = server_sample(&server);
             Ok(Running {
                 kind,
                 server: Some(server),
@@ -170,11 +173,7 @@ pub(super) async fn start_system(kind: SystemKind, common: &Common) -> Result<Ru
         SystemKind::Redis => {
             let (server, url) = servers::start_redis(pin).await?;
             let client = Redis::connect(&url, common.db_connections).await?;
-            let sample = server
-                .pid()
-                .map(|pid| ("server".to_string(), pid))
-                .into_iter()
-                .collect();
+            let sample = server_sample(&server);
             Ok(Running {
                 kind,
                 server: Some(server),
@@ -201,6 +200,8 @@ pub(super) async fn start_system(kind: SystemKind, common: &Common) -> Result<Ru
     }
 }
 
+/// Stops every server the line-up started (a failure is printed, not
+/// returned: the others still stop).
 pub(super) async fn stop_all(systems: Vec<Running>) {
     for system in systems {
         if let Some(server) = system.server

@@ -39,12 +39,7 @@ pub(super) async fn measure_clients(
         eprintln!("idemd-bench: one-in-flight phase skipped: it needs noop and idemd-embedded");
         return Ok(None);
     };
-    let mut pids: Vec<u32> = running
-        .iter()
-        .flat_map(|system| system.sample.iter().map(|(_, pid)| *pid))
-        .collect();
-    pids.sort_unstable();
-    pids.dedup();
+    let pids = sampled_pids(running);
     sampling::settle(&pids, SETTLED_CORES, SETTLE_LIMIT).await;
     let targets = [
         clients::Target {
@@ -76,12 +71,7 @@ pub(super) async fn measure_all(
     let common = &args.common;
     let mut measurements = Vec::new();
     // Every server and store process of the suite: all stay up throughout.
-    let mut pids: Vec<u32> = running
-        .iter()
-        .flat_map(|system| system.sample.iter().map(|(_, pid)| *pid))
-        .collect();
-    pids.sort_unstable();
-    pids.dedup();
+    let pids = sampled_pids(running);
     let settle = |before: String| {
         let pids = pids.clone();
         async move {
@@ -184,4 +174,16 @@ pub(super) async fn measure_all(
         measurements.push(m);
     }
     Ok((measurements, rss_1000))
+}
+
+/// Every server and store process the suite samples, once each (the CQL
+/// systems share one Cassandra).
+fn sampled_pids(running: &[Running]) -> Vec<u32> {
+    let mut pids: Vec<u32> = running
+        .iter()
+        .flat_map(|system| system.sample.iter().map(|(_, pid)| *pid))
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    pids
 }
