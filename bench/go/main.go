@@ -1,5 +1,5 @@
 // Command bench-go-loop times sequential calls through the Go SDK, one
-// request in flight, for idemd-bench's clients phase (bench/src/clients.rs).
+// request in flight, for idemd-bench's clients phase (bench/src/clients/).
 // It prints one JSON object: {"calls":N,"p50_ms":X,"p99_ms":Y}.
 //
 // Probes:

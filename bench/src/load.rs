@@ -30,7 +30,8 @@ use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use crate::servers::{Sampler, Usage, clock_ticks, read_tree};
+use crate::ids::run_id;
+use crate::sampling::{Sampler, Usage, clock_ticks, read_tree};
 use crate::systems::{ClaimOutcome, Client};
 
 /// Which workload to run.
@@ -182,19 +183,6 @@ struct Tally {
 fn new_histogram() -> Result<Histogram<u64>> {
     // 1 µs .. 100 s at 3 significant digits.
     Histogram::new_with_bounds(1, 100_000_000, 3).map_err(|e| anyhow!("histogram: {e}"))
-}
-
-/// A short unique id, so keys never collide across runs on a kept store.
-pub fn run_id() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!(
-        "{:x}{:04x}",
-        nanos & 0xffff_ffff_ffff,
-        rand::random::<u16>()
-    )
 }
 
 /// Key of the `i`-th completed key prepared for replays (the no-op server

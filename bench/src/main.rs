@@ -13,17 +13,49 @@
 //!
 //! See `docs/benchmarks.md` for what each figure means and the latest
 //! results.
+//!
+//! # Layout
+//!
+//! Subcommands (each parses its own flags and prints its verdict):
+//!
+//! * `suite`: `run`, `compare` and `soak`: starting the systems, the
+//!   round-robin matrix, the report's files.
+//! * `scale`: `cql-scale`, one busy tenant's day on the CQL store.
+//! * `growth`: `growth`, one embedded store filled window after window.
+//! * `noop`: `noop-server`, the no-op gRPC baseline.
+//! * `upstream`: `upstream`, the proxy benchmark's HTTP upstream.
+//!
+//! What they measure with, from the top down (a module uses only the ones
+//! below it):
+//!
+//! * `chart`: the PNG of the report's medians.
+//! * `report`: measurements, medians per system and workload, targets P1–P5,
+//!   the markdown page (with the one-in-flight section).
+//! * `clients`: the one-in-flight phase through the clients users run
+//!   (this crate's tonic client, ghz, the Go SDK).
+//! * `load`: the load generator, workloads over one client, closed or open
+//!   loop, latency histograms.
+//! * `systems`: one client type over idemd (gRPC, HTTP/JSON), the no-op
+//!   server, Postgres, Redis and raw CQL LWTs.
+//! * `servers`: starting and stopping the servers under test.
+//!
+//! Leaves, used from anywhere above: `targets` (a goal on a ratio of
+//! medians), `sampling` (memory and CPU of process trees from `/proc`),
+//! `ids` (names unique to a run).
 
 mod chart;
 mod clients;
 mod growth;
+mod ids;
 mod load;
 mod noop;
 mod report;
+mod sampling;
 mod scale;
 mod servers;
 mod suite;
 mod systems;
+mod targets;
 mod upstream;
 
 use std::net::SocketAddr;

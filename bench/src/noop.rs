@@ -5,7 +5,7 @@
 //! The responses have the same shape and size as idemd's: a `Claim` of a
 //! key starting with `r-` (the replay workload's keys) answers `replayed`
 //! with the stored response; a key starting with `rb<SIZE>-` (the
-//! one-in-flight replay probes, `clients.rs`) answers `replayed` with a
+//! one-in-flight replay probes, `clients`) answers `replayed` with a
 //! body of SIZE bytes; any other `Claim` answers `claimed` with a
 //! 32-character lease token. It enforces nothing, so the conflict workload
 //! is not run against it. It serves reflection (v1 and v1alpha) like idemd,

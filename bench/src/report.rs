@@ -1,11 +1,13 @@
 //! Results: one [`Measurement`] per run, medians per (system, workload),
-//! the targets P1–P5 as ratios, and the markdown and JSON files.
+//! the targets P1–P5 as ratios (evaluated by `targets`), and the
+//! markdown and JSON files.
 
 use std::fmt::Write as _;
 
 use serde::Serialize;
 
 use crate::load::{LoadResult, Workload};
+use crate::targets::{Target, median, ratio_target};
 
 /// One measured run.
 #[derive(Debug, Clone, Serialize)]
@@ -142,20 +144,6 @@ fn fmt_opt(value: Option<f64>, decimals: usize, unit: &str) -> String {
     }
 }
 
-/// Median of the values (mean of the middle two for an even count).
-pub fn median(mut values: Vec<f64>) -> f64 {
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    values.sort_by(f64::total_cmp);
-    let mid = values.len() / 2;
-    if values.len() % 2 == 1 {
-        values[mid]
-    } else {
-        (values[mid - 1] + values[mid]) / 2.0
-    }
-}
-
 fn median_opt(values: Vec<Option<f64>>) -> Option<f64> {
     let present: Vec<f64> = values.into_iter().flatten().collect();
     (!present.is_empty()).then(|| median(present))
@@ -243,23 +231,6 @@ pub fn summarize(measurements: &[Measurement]) -> Vec<Summary> {
         .collect()
 }
 
-/// One of the targets, evaluated.
-#[derive(Debug, Clone, Serialize)]
-pub struct Target {
-    /// `P1a`, `P2`, ...
-    pub id: String,
-    /// What is compared.
-    pub description: String,
-    /// The goal, e.g. `>= 2.0`.
-    pub goal: String,
-    /// The measured figures behind the ratio.
-    pub figures: String,
-    /// The ratio (or absolute value for P5), when both sides were measured.
-    pub value: Option<f64>,
-    /// Whether the goal is met (None when not measured).
-    pub met: Option<bool>,
-}
-
 fn find<'a>(
     summaries: &'a [Summary],
     system: &str,
@@ -269,44 +240,6 @@ fn find<'a>(
     summaries
         .iter()
         .find(|s| s.system == system && s.workload == workload && s.mode == mode)
-}
-
-pub(crate) fn ratio_target(
-    id: &str,
-    description: &str,
-    numerator: Option<(f64, String)>,
-    denominator: Option<(f64, String)>,
-    at_least: Option<f64>,
-    at_most: Option<f64>,
-) -> Target {
-    let goal = match (at_least, at_most) {
-        (Some(min), _) => format!(">= {min}"),
-        (_, Some(max)) => format!("<= {max}"),
-        _ => String::new(),
-    };
-    match (numerator, denominator) {
-        (Some((n, n_text)), Some((d, d_text))) if d > 0.0 => {
-            let value = n / d;
-            let met =
-                at_least.is_none_or(|min| value >= min) && at_most.is_none_or(|max| value <= max);
-            Target {
-                id: id.into(),
-                description: description.into(),
-                goal,
-                figures: format!("{n_text} / {d_text}"),
-                value: Some(value),
-                met: Some(met),
-            }
-        }
-        _ => Target {
-            id: id.into(),
-            description: description.into(),
-            goal,
-            figures: "not measured in this run".into(),
-            value: None,
-            met: None,
-        },
-    }
 }
 
 /// The targets from the medians. `rss_1000` is the idemd-embedded

@@ -28,6 +28,7 @@ import {
   type LookupResponse,
   type ReconcileResponse,
 } from "./gen/idemd/v1/idempotency";
+import type { CallOptions, ExecutorClient } from "./types";
 
 /** TLS settings of the connection to idemd. */
 export interface TlsOptions {
@@ -72,16 +73,6 @@ export interface IdemdClientOptions {
   channelOptions?: ChannelOptions;
 }
 
-/** Per-call options of the raw RPCs. */
-export interface CallOptions {
-  /** Deadline of this call in milliseconds (default: the client's `deadlineMs`). */
-  deadlineMs?: number;
-  /** Cancels the call (it then fails with `CANCELLED`). */
-  signal?: AbortSignal;
-  /** Extra request metadata. */
-  metadata?: Metadata;
-}
-
 const DEFAULT_DEADLINE_MS = 10_000;
 const USER_AGENT = "idemd-typescript/0.1.0";
 
@@ -89,7 +80,7 @@ const USER_AGENT = "idemd-typescript/0.1.0";
  * A client of idemd: the raw RPCs (promises of the generated message types; failures reject
  * with {@link RpcError}) and the {@link IdemdClient.executeOnce} helper.
  */
-export class IdemdClient {
+export class IdemdClient implements ExecutorClient {
   /** The generated grpc-js client, for anything not wrapped here (streams of future versions). */
   readonly raw: GeneratedIdempotencyClient;
   /** Default per-call deadline in milliseconds. */

@@ -10,7 +10,6 @@
 import { randomBytes } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 import { status as GrpcStatus } from "@grpc/grpc-js";
-import type { IdemdClient } from "./client";
 import { downstreamKey } from "./downstream";
 import {
   InProgressError,
@@ -30,6 +29,7 @@ import {
   type StoredResponse,
 } from "./gen/idemd/v1/idempotency";
 import type { Duration } from "./gen/google/protobuf/duration";
+import type { ExecutorClient } from "./types";
 
 /** Headers in order, repeats kept: `[["Set-Cookie", "a=1"], ["Set-Cookie", "b=2"]]`. */
 export type HeaderList = Array<[name: string, value: string]>;
@@ -161,7 +161,7 @@ function isTransient(err: unknown, signal?: AbortSignal): boolean {
 }
 
 /** See {@link IdemdClient.executeOnce}. */
-export async function executeOnce(client: IdemdClient, options: ExecuteOnceOptions): Promise<ExecuteResult> {
+export async function executeOnce(client: ExecutorClient, options: ExecuteOnceOptions): Promise<ExecuteResult> {
   const { endpoint, key, request, signal } = options;
   const maxWaitMs = options.maxWaitMs ?? DEFAULT_MAX_WAIT_MS;
   const retries = options.transportRetries ?? DEFAULT_TRANSPORT_RETRIES;
@@ -235,7 +235,7 @@ export async function executeOnce(client: IdemdClient, options: ExecuteOnceOptio
 }
 
 async function runClaimed(
-  client: IdemdClient,
+  client: ExecutorClient,
   options: ExecuteOnceOptions,
   claimed: Claimed,
   retries: number,
@@ -300,7 +300,7 @@ class LeaseKeeper {
   private stopped = false;
 
   constructor(
-    private readonly client: IdemdClient,
+    private readonly client: ExecutorClient,
     private readonly fenced: { endpoint: string; key: string; leaseToken: string },
     private readonly leaseMs: number,
     private readonly lost: AbortController,

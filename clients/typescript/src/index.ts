@@ -7,7 +7,8 @@
  * - {@link downstreamKey}: idempotency keys for third-party calls made by a handler.
  */
 export { IdemdClient } from "./client";
-export type { CallOptions, IdemdClientOptions, TlsOptions } from "./client";
+export type { IdemdClientOptions, TlsOptions } from "./client";
+export type { CallOptions } from "./types";
 export { executeOnce } from "./executor";
 export type {
   ExecuteOnceOptions,
