@@ -54,6 +54,8 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::failure::{Cause, Classify};
+
 /// File names of the log's two segments inside the data directory. The
 /// writer appends to one; a checkpoint switches it to the other, so that
 /// the frames written while the checkpoint runs never overwrite frames it
@@ -195,18 +197,10 @@ impl AppendError {
     /// freeing space makes the same append succeed.
     pub fn is_out_of_space(&self) -> bool {
         match self {
-            AppendError::NotWritten(error) => is_out_of_space(error),
+            AppendError::NotWritten(error) => error.cause() == Cause::Full,
             AppendError::NotDurable(_) => false,
         }
     }
-}
-
-/// Whether `error` says the file system (or a quota) has no room left.
-pub fn is_out_of_space(error: &io::Error) -> bool {
-    matches!(
-        error.kind(),
-        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
-    )
 }
 
 /// The log file, written only by the store's writer thread.
