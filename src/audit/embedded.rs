@@ -41,10 +41,13 @@ const BY_KEY: TableDefinition<&[u8], ()> = TableDefinition::new("by_key");
 /// instead of unbounded memory); a batch takes everything queued.
 const QUEUE_DEPTH: usize = 4096;
 
+/// An append's caller, answered once its events are durable.
+type AppendReply = oneshot::Sender<Result<(), StoreError>>;
+
 /// A write queued for the writer thread, with its caller's reply channel.
 enum Request {
     /// Events to append; consecutive appends share one transaction.
-    Append(Vec<AuditEvent>, oneshot::Sender<Result<(), StoreError>>),
+    Append(Vec<AuditEvent>, AppendReply),
     /// One bounded sweep (see [`AuditLog::sweep`]).
     Sweep {
         /// Events before it go.
@@ -192,10 +195,7 @@ impl Batcher for Writer {
 
 impl Writer {
     /// Appends the events of `appends` in one transaction and answers each.
-    fn append(
-        &self,
-        appends: &mut Vec<(Vec<AuditEvent>, oneshot::Sender<Result<(), StoreError>>)>,
-    ) {
+    fn append(&self, appends: &mut Vec<(Vec<AuditEvent>, AppendReply)>) {
         if appends.is_empty() {
             return;
         }

@@ -5,7 +5,6 @@
 //! ([`super::overlay`]).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
@@ -13,7 +12,6 @@ use redb::Database;
 
 use super::failure::Failure;
 use super::group::Waker;
-use super::writer::{WriteOp, WriterStats};
 
 /// Log bytes after which the writer checkpoints (durable redb commit, then
 /// the log segment is reused). Bounds the log file, the replay time on open
@@ -47,8 +45,6 @@ pub(super) struct Checkpointer {
     running: Option<Instant>,
     /// When the redb file was last made durable: paces [`Self::is_due`].
     last: Instant,
-    /// Counts checkpoints started and completed.
-    stats: Arc<WriterStats>,
 }
 
 impl Drop for Checkpointer {
@@ -64,10 +60,9 @@ impl Checkpointer {
     /// Starts the thread; it wakes the writer through `waker` after each
     /// checkpoint, so that the writer folds the overlay into redb even when
     /// no write follows.
-    pub(super) fn start(
+    pub(super) fn start<T: Send + 'static>(
         database: Arc<Database>,
-        waker: Waker<WriteOp>,
-        stats: Arc<WriterStats>,
+        waker: Waker<T>,
         before: BeforeCheckpoint,
     ) -> std::io::Result<Self> {
         let (requests, requested) = std::sync::mpsc::channel::<()>();
@@ -91,7 +86,6 @@ impl Checkpointer {
             thread: Some(thread),
             running: None,
             last: Instant::now(),
-            stats,
         })
     }
 
@@ -119,9 +113,6 @@ impl Checkpointer {
             return Err(Failure::other("the checkpoint thread stopped"));
         }
         self.running = Some(Instant::now());
-        self.stats
-            .checkpoints_started
-            .fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -144,7 +135,6 @@ impl Checkpointer {
             self.last = Instant::now();
             metrics::histogram!(crate::metrics::EMBEDDED_CHECKPOINT, "backend" => "embedded")
                 .record((self.last - started).as_secs_f64());
-            self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
         }
         Some(outcome)
     }

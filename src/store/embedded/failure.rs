@@ -98,6 +98,14 @@ impl Classify for AppendError {
     }
 }
 
+/// Whether the writer outlives a failed log append: the frame was not
+/// written because the file system (or the owner's quota) is full. Freeing
+/// space makes the same append succeed, and no sync failed; after a failed
+/// sync the frame may or may not be durable, so that is never outlived.
+pub(super) fn is_out_of_space(error: &AppendError) -> bool {
+    matches!(error, AppendError::NotWritten(io) if io.cause() == Cause::Full)
+}
+
 /// A failed storage step of the writer or the checkpoint thread: the text
 /// operators read, with the cause the writer decides on.
 #[derive(Debug, Clone)]
@@ -295,5 +303,17 @@ mod tests {
         assert_eq!(latched.cause(), Cause::Latched);
         let sync = AppendError::NotDurable(io::Error::from(io::ErrorKind::StorageFull));
         assert_eq!(sync.cause(), Cause::Full, "said, though never outlived");
+    }
+
+    #[test]
+    fn only_a_frame_not_written_for_want_of_space_is_outlived() {
+        let full = AppendError::NotWritten(io::Error::from(io::ErrorKind::StorageFull));
+        assert!(is_out_of_space(&full));
+        let quota = AppendError::NotWritten(io::Error::from(io::ErrorKind::QuotaExceeded));
+        assert!(is_out_of_space(&quota));
+        let sync = AppendError::NotDurable(io::Error::from(io::ErrorKind::StorageFull));
+        assert!(!is_out_of_space(&sync), "a failed sync is never outlived");
+        let eio = AppendError::NotWritten(io::Error::other("EIO"));
+        assert!(!is_out_of_space(&eio));
     }
 }

@@ -40,9 +40,19 @@ enum Message<T> {
 /// Wakes the group-commit thread from another thread (e.g. when a
 /// background job ends), without keeping its queue open: it holds a weak
 /// sender, so a closed store's thread still ends.
-pub(crate) struct Waker<T>(mpsc::WeakSender<Message<T>>);
+pub(crate) struct Waker<T>(
+    /// Weak: does not keep the queue open.
+    mpsc::WeakSender<Message<T>>,
+);
 
 impl<T> Waker<T> {
+    /// A waker whose thread is gone: waking does nothing.
+    #[cfg(test)]
+    pub(crate) fn detached() -> Self {
+        let (queue, _) = mpsc::channel(1);
+        Self(queue.downgrade())
+    }
+
     /// Asks for a [`Batcher::write`] soon; a full queue wakes the thread
     /// anyway, and a closed one needs no waking.
     pub(crate) fn wake(&self) {

@@ -68,7 +68,8 @@
 //! This file is the store's face (open, the [`Store`] methods, the read
 //! side); [`group`] is the group-commit thread, [`writer`] its batches,
 //! [`checkpoint`] the checkpoint thread, [`overlay`] the changes made while
-//! one runs and their fold into redb, [`failure`] what a storage failure
+//! one runs, [`fold`] the overlay readers share and its fold into redb,
+//! [`failure`] what a storage failure
 //! means, [`tables`] the tables and the four writes on them, [`recovery`]
 //! the replay on open, [`wal`] the log's format, [`codec`] the bytes of
 //! keys and values.
@@ -94,6 +95,7 @@
 mod checkpoint;
 pub mod codec;
 mod failure;
+mod fold;
 pub(crate) mod group;
 mod overlay;
 mod recovery;
@@ -119,8 +121,9 @@ use crate::crypto::Keyring;
 use checkpoint::{BeforeCheckpoint, Checkpointer};
 pub use failure::exit_on_storage_failure;
 pub(crate) use failure::storage_error;
+use fold::Overlay;
 use group::GroupCommit;
-use overlay::{MergedKeys, Overlay, redb_keys};
+use overlay::{MergedKeys, redb_keys};
 use tables::Operation;
 use tables::{
     CasReply, EXPIRY, InsertReply, Loaded, META, PENDING, RECORDS, decode_loaded, overlay_keys,
@@ -338,13 +341,9 @@ impl EmbeddedStore {
             QUEUE_DEPTH,
             MAX_BATCH,
             |waker| {
-                let checkpointer = Checkpointer::start(
-                    Arc::clone(&database),
-                    waker,
-                    Arc::clone(&stats),
-                    before_checkpoint,
-                )
-                .map_err(|e| storage_error("cannot start the checkpoint thread", e))?;
+                let checkpointer =
+                    Checkpointer::start(Arc::clone(&database), waker, before_checkpoint)
+                        .map_err(|e| storage_error("cannot start the checkpoint thread", e))?;
                 Ok(Writer::new(
                     Arc::clone(&database),
                     wal,

@@ -54,8 +54,6 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::failure::{Cause, Classify};
-
 /// File names of the log's two segments inside the data directory. The
 /// writer appends to one; a checkpoint switches it to the other, so that
 /// the frames written while the checkpoint runs never overwrite frames it
@@ -189,18 +187,6 @@ pub enum AppendError {
     /// The sync failed: the frame may or may not be durable.
     #[error("write-ahead log sync failed: {0}")]
     NotDurable(io::Error),
-}
-
-impl AppendError {
-    /// Whether the frame was not written because the file system is full
-    /// (or the owner's quota is): the one failure the writer outlives, since
-    /// freeing space makes the same append succeed.
-    pub fn is_out_of_space(&self) -> bool {
-        match self {
-            AppendError::NotWritten(error) => error.cause() == Cause::Full,
-            AppendError::NotDurable(_) => false,
-        }
-    }
 }
 
 /// The log file, written only by the store's writer thread.
@@ -517,14 +503,6 @@ mod tests {
             replayed(&wal, 0),
             vec![(1, b"a".to_vec()), (2, b"b".to_vec()), (3, b"c".to_vec())]
         );
-        let full = AppendError::NotWritten(io::Error::from(io::ErrorKind::StorageFull));
-        assert!(full.is_out_of_space());
-        let quota = AppendError::NotWritten(io::Error::from(io::ErrorKind::QuotaExceeded));
-        assert!(quota.is_out_of_space());
-        let sync = AppendError::NotDurable(io::Error::from(io::ErrorKind::StorageFull));
-        assert!(!sync.is_out_of_space(), "a failed sync is never outlived");
-        let eio = AppendError::NotWritten(io::Error::other("EIO"));
-        assert!(!eio.is_out_of_space());
     }
 
     /// A checkpoint switches segments; the frames written meanwhile are in

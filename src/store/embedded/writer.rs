@@ -21,9 +21,10 @@ use redb::{Database, Durability, ReadableDatabase};
 use tokio::sync::oneshot;
 
 use super::checkpoint::Checkpointer;
-use super::failure::{Classify, Failure, Failures, storage_error};
+use super::failure::{Classify, Failure, Failures, is_out_of_space, storage_error};
+use super::fold::Overlay;
 use super::group::Batcher;
-use super::overlay::{Layer, Overlay};
+use super::overlay::Layer;
 use super::stages::{self, BatchTimes};
 use super::tables::{Backing, EXPIRY, Operation, RECORDS, RedbTables, Tables, record_seq};
 use super::{EmbeddedOptions, wal};
@@ -198,7 +199,12 @@ impl Writer {
     /// frames the previous checkpoint covered.
     fn start_checkpoint(&mut self) {
         match self.checkpointer.begin() {
-            Ok(()) => self.wal.switch(),
+            Ok(()) => {
+                self.wal.switch();
+                self.stats
+                    .checkpoints_started
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             Err(failure) => self.failures.poison(failure),
         }
     }
@@ -210,6 +216,7 @@ impl Writer {
         match self.checkpointer.finished(wait) {
             None => return,
             Some(Ok(())) => {
+                self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
                 if let Err(failure) = self.overlay.fold(&self.database, self.seq) {
                     // redb lacks changes the log has: later batches would
                     // diverge from what a replay rebuilds.
@@ -398,9 +405,62 @@ impl Writer {
             // The frame is not in the log and the batch's changes are
             // dropped: nothing of the batch happened, and nothing else is
             // at risk (no sync failed).
-            Err(error) if error.is_out_of_space() => Err(self.failures.refuse_full(&error)),
+            Err(error) if is_out_of_space(&error) => Err(self.failures.refuse_full(&error)),
             // The frame may have reached the disk partially or wholly.
             Err(error) => Err(self.failures.uncertain(Failure::of(&error))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::embedded::checkpoint::CHECKPOINT_INTERVAL;
+    use crate::store::embedded::group::Waker;
+    use crate::store::embedded::tables::Insert;
+    use crate::store::embedded::tests::{NOW, completed};
+
+    /// The writer's part of a background checkpoint (taking its outcome,
+    /// folding the overlay) is what `checkpoint_wait` measures: timed in
+    /// normal running, not only at close.
+    #[test]
+    fn background_checkpoints_time_the_writers_part() {
+        let dir = tempfile::tempdir().expect("dir");
+        let database = Arc::new(Database::create(dir.path().join("db")).expect("create"));
+        let txn = database.begin_write().expect("begin");
+        drop(RedbTables::open(&txn).expect("tables"));
+        record_seq(&txn, 0).expect("seq");
+        txn.commit().expect("commit");
+        let wal = wal::Wal::open(dir.path()).expect("wal");
+        let checkpointer =
+            Checkpointer::start(Arc::clone(&database), Waker::<WriteOp>::detached(), None)
+                .expect("checkpointer");
+        let options = EmbeddedOptions::new(dir.path());
+        let stats = Arc::new(WriterStats::default());
+        let overlay = Overlay::default();
+        let mut writer = Writer::new(database, wal, 0, &options, overlay, stats, checkpointer);
+        let insert = |key: &str| {
+            let record = completed(key, b"x", NOW + 1_000_000);
+            queue(Insert {
+                record,
+                now_ms: NOW,
+            })
+            .0
+        };
+        writer.write(&mut vec![insert("a")]);
+        std::thread::sleep(CHECKPOINT_INTERVAL);
+        writer.write(&mut vec![insert("b")]);
+        assert!(writer.checkpointer.is_running(), "a checkpoint was due");
+        writer.write(&mut vec![insert("c")]);
+        for _ in 0..500 {
+            if !writer.checkpointer.is_running() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            writer.write(&mut Vec::new());
+        }
+        assert!(!writer.checkpointer.is_running(), "the checkpoint ended");
+        assert!(writer.last_checkpoint_span.is_some());
+        assert!(writer.overlay.snapshot().is_empty(), "folded");
     }
 }
