@@ -15,11 +15,10 @@
 //!
 //! All writes go through one writer thread ([`group`], [`writer`]). It
 //! takes the first waiting operation, then everything else already queued
-//! (up to [`MAX_BATCH`]),
-//! applies them in order inside one redb write transaction while logging
-//! each change, appends the log frame and syncs it (one fsync per batch),
-//! commits the transaction without durability (the log has it) and only then
-//! replies to each. Under load many requests share one fsync; with one
+//! (up to [`MAX_BATCH`]), applies them in order inside one redb write
+//! transaction while logging each change, appends the log frame and syncs
+//! it (one fsync per batch), commits the transaction without durability
+//! (the log has it) and only then replies to each. Under load many requests share one fsync; with one
 //! request in flight the latency is one log append. Operations in a batch see
 //! each other's effects, so the order of application is the linearization
 //! order. A batch that changed nothing (every condition failed) needs no
@@ -69,10 +68,9 @@
 //! side); [`group`] is the group-commit thread, [`writer`] its batches,
 //! [`checkpoint`] the checkpoint thread, [`overlay`] the changes made while
 //! one runs, [`fold`] the overlay readers share and its fold into redb,
-//! [`failure`] what a storage failure
-//! means, [`tables`] the tables and the four writes on them, [`recovery`]
-//! the replay on open, [`wal`] the log's format, [`codec`] the bytes of
-//! keys and values.
+//! [`failure`] what a storage failure means, [`tables`] the tables and the
+//! four writes on them, [`recovery`] the replay on open, [`wal`] the log's
+//! format, [`codec`] the bytes of keys and values.
 //!
 //! # Tables
 //!
