@@ -13,8 +13,10 @@
 //! * `by_key`: `tenant · endpoint · key_sha256 · time` → (): one key's history.
 //!
 //! Strings in keys are length-prefixed (u16 BE), so `ab` and `a`+`b…` never
-//! share a prefix. One writer thread batches whatever appends are waiting
-//! into one durable (fsynced) transaction.
+//! share a prefix. One writer thread (the store's group commit,
+//! [`crate::store::embedded::group`]) batches whatever appends are waiting
+//! into one durable (fsynced) transaction; a sweep is a transaction of its
+//! own, in queue order between them.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -22,10 +24,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use super::{AuditCursor, AuditEvent, AuditLog, AuditQuery, retention_ms};
 use crate::store::StoreError;
+use crate::store::embedded::group::{Batcher, GroupCommit};
 
 /// File name inside the data directory.
 pub const AUDIT_FILE: &str = "audit.redb";
@@ -35,14 +38,23 @@ const BY_TENANT: TableDefinition<&[u8], ()> = TableDefinition::new("by_tenant");
 const BY_KEY: TableDefinition<&[u8], ()> = TableDefinition::new("by_key");
 
 /// Appends waiting beyond this make callers wait for room (backpressure
-/// instead of unbounded memory).
+/// instead of unbounded memory); a batch takes everything queued.
 const QUEUE_DEPTH: usize = 4096;
 
+/// An append's caller, answered once its events are durable.
+type AppendReply = oneshot::Sender<Result<(), StoreError>>;
+
+/// A write queued for the writer thread, with its caller's reply channel.
 enum Request {
-    Append(Vec<AuditEvent>, oneshot::Sender<Result<(), StoreError>>),
+    /// Events to append; consecutive appends share one transaction.
+    Append(Vec<AuditEvent>, AppendReply),
+    /// One bounded sweep (see [`AuditLog::sweep`]).
     Sweep {
+        /// Events before it go.
         cutoff_ms: i64,
+        /// Most events removed.
         batch: usize,
+        /// The caller.
         done: oneshot::Sender<Result<usize, StoreError>>,
     },
 }
@@ -52,16 +64,16 @@ enum Request {
 pub struct EmbeddedAuditLog {
     /// Read transactions run on it directly; writes go through the writer.
     database: Arc<Database>,
-    /// Queue to the writer thread; `None` once closed.
-    writer: std::sync::Mutex<Option<mpsc::Sender<Request>>>,
-    /// Joined on close so that every accepted append is committed.
-    writer_thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The writer thread and its queue, closed on close so that every
+    /// accepted append is committed.
+    writer: GroupCommit<Request>,
     /// How long events are kept.
     retention: Duration,
 }
 
+/// [`crate::store::embedded::storage_error`], naming the audit log.
 fn storage_error(context: &str, error: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(format!("audit log: {context}: {error}"))
+    crate::store::embedded::storage_error(&format!("audit log: {context}"), error)
 }
 
 fn ordered(value: i64) -> [u8; 8] {
@@ -132,65 +144,67 @@ impl EmbeddedAuditLog {
         }
         txn.commit().map_err(|e| storage_error("commit", e))?;
         let database = Arc::new(database);
-        let (sender, receiver) = mpsc::channel(QUEUE_DEPTH);
-        let writer_database = Arc::clone(&database);
-        let writer_thread = std::thread::Builder::new()
-            .name("idemd-audit-writer".to_string())
-            .spawn(move || writer_loop(&writer_database, receiver))
-            .map_err(|e| storage_error("start writer thread", e))?;
+        let writer = GroupCommit::start(
+            "idemd-audit-writer",
+            "audit log writer",
+            QUEUE_DEPTH,
+            QUEUE_DEPTH,
+            |_| {
+                Ok(Writer {
+                    database: Arc::clone(&database),
+                })
+            },
+        )?;
         Ok(Self {
             database,
-            writer: std::sync::Mutex::new(Some(sender)),
-            writer_thread: std::sync::Mutex::new(Some(writer_thread)),
+            writer,
             retention,
         })
     }
-
-    fn sender(&self) -> Result<mpsc::Sender<Request>, StoreError> {
-        self.writer
-            .lock()
-            .map_err(|_| StoreError::Closed)?
-            .clone()
-            .ok_or(StoreError::Closed)
-    }
 }
 
-fn writer_loop(database: &Database, mut receiver: mpsc::Receiver<Request>) {
-    while let Some(first) = receiver.blocking_recv() {
+/// The audit log's batcher: the only writer of `audit.redb`.
+struct Writer {
+    /// The audit database.
+    database: Arc<Database>,
+}
+
+impl Batcher for Writer {
+    type Item = Request;
+
+    /// In queue order: each run of appends in one durable transaction (the
+    /// group commit: they ride the same fsync), each sweep in its own.
+    fn write(&mut self, batch: &mut Vec<Request>) {
         let mut appends = Vec::new();
-        match first {
-            Request::Append(events, done) => appends.push((events, done)),
-            Request::Sweep {
-                cutoff_ms,
-                batch,
-                done,
-            } => {
-                let _ = done.send(sweep(database, cutoff_ms, batch));
-                continue;
-            }
-        }
-        // Group commit: everything already queued rides the same fsync.
-        let mut deferred_sweep = None;
-        while let Ok(next) = receiver.try_recv() {
-            match next {
+        for request in batch.drain(..) {
+            match request {
                 Request::Append(events, done) => appends.push((events, done)),
-                sweep_request @ Request::Sweep { .. } => {
-                    deferred_sweep = Some(sweep_request);
-                    break;
+                Request::Sweep {
+                    cutoff_ms,
+                    batch,
+                    done,
+                } => {
+                    self.append(&mut appends);
+                    let _ = done.send(sweep(&self.database, cutoff_ms, batch));
                 }
             }
         }
-        let result = append_all(database, appends.iter().flat_map(|(events, _)| events));
-        for (_, done) in appends {
-            let _ = done.send(result.clone());
+        self.append(&mut appends);
+    }
+}
+
+impl Writer {
+    /// Appends the events of `appends` in one transaction and answers each.
+    fn append(&self, appends: &mut Vec<(Vec<AuditEvent>, AppendReply)>) {
+        if appends.is_empty() {
+            return;
         }
-        if let Some(Request::Sweep {
-            cutoff_ms,
-            batch,
-            done,
-        }) = deferred_sweep
-        {
-            let _ = done.send(sweep(database, cutoff_ms, batch));
+        let result = append_all(
+            &self.database,
+            appends.iter().flat_map(|(events, _)| events),
+        );
+        for (_, done) in appends.drain(..) {
+            let _ = done.send(result.clone());
         }
     }
 }
@@ -234,6 +248,9 @@ fn decode(bytes: &[u8]) -> Result<AuditEvent, StoreError> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(format!("audit event: {e}")))
 }
 
+/// Removes up to `batch` events before `cutoff_ms`, in one transaction:
+/// the appends queued behind it wait until it ends, so the caller picks a
+/// small batch and calls again for more.
 fn sweep(database: &Database, cutoff_ms: i64, batch: usize) -> Result<usize, StoreError> {
     let txn = database
         .begin_write()
@@ -343,10 +360,9 @@ impl AuditLog for EmbeddedAuditLog {
 
     async fn append(&self, events: &[AuditEvent]) -> Result<(), StoreError> {
         let (done, answer) = oneshot::channel();
-        self.sender()?
+        self.writer
             .send(Request::Append(events.to_vec(), done))
-            .await
-            .map_err(|_| StoreError::Closed)?;
+            .await?;
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
@@ -361,31 +377,18 @@ impl AuditLog for EmbeddedAuditLog {
 
     async fn sweep(&self, now_ms: i64, batch: usize) -> Result<usize, StoreError> {
         let (done, answer) = oneshot::channel();
-        self.sender()?
+        self.writer
             .send(Request::Sweep {
                 cutoff_ms: now_ms.saturating_sub(retention_ms(self.retention)),
                 batch,
                 done,
             })
-            .await
-            .map_err(|_| StoreError::Closed)?;
+            .await?;
         answer.await.map_err(|_| StoreError::Closed)?
     }
 
     async fn close(&self) -> Result<(), StoreError> {
-        // Dropping the sender ends the writer loop after the queued appends.
-        drop(self.writer.lock().map_err(|_| StoreError::Closed)?.take());
-        let thread = self
-            .writer_thread
-            .lock()
-            .map_err(|_| StoreError::Closed)?
-            .take();
-        if let Some(thread) = thread {
-            tokio::task::spawn_blocking(move || thread.join())
-                .await
-                .map_err(|e| storage_error("close", e))?
-                .map_err(|_| storage_error("close", "writer thread panicked"))?;
-        }
-        Ok(())
+        // The writer commits the queued appends, then exits.
+        self.writer.close().await
     }
 }

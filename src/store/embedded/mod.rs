@@ -13,12 +13,12 @@
 //!
 //! # Group commit
 //!
-//! All writes go through one writer thread. It takes the first waiting
-//! operation, then everything else already queued (up to [`MAX_BATCH`]),
-//! applies them in order inside one redb write transaction while logging
-//! each change, appends the log frame and syncs it (one fsync per batch),
-//! commits the transaction without durability (the log has it) and only then
-//! replies to each. Under load many requests share one fsync; with one
+//! All writes go through one writer thread ([`group`], [`writer`]). It
+//! takes the first waiting operation, then everything else already queued
+//! (up to [`MAX_BATCH`]), applies them in order inside one redb write
+//! transaction while logging each change, appends the log frame and syncs
+//! it (one fsync per batch), commits the transaction without durability
+//! (the log has it) and only then replies to each. Under load many requests share one fsync; with one
 //! request in flight the latency is one log append. Operations in a batch see
 //! each other's effects, so the order of application is the linearization
 //! order. A batch that changed nothing (every condition failed) needs no
@@ -36,15 +36,15 @@
 //! # Checkpoints beside the writer
 //!
 //! A checkpoint (a durable redb commit, after which a log segment is
-//! reused) runs on its own thread. While it holds redb's write lock the
-//! writer does not wait for it: batches are logged and synced as always,
-//! their changes kept in an in-memory overlay that reads consult before
-//! redb, and folded into redb once the checkpoint is durable ([`overlay`];
-//! [`wal`] for the two log segments that keep the frames written meanwhile
-//! apart from those the checkpoint covers). Issue 30 measured the
-//! checkpoint as the stage where every one of the slowest 0.1% of writes
-//! had waited when it blocked the writer ([`stages`] has the per-stage
-//! metrics).
+//! reused) runs on its own thread ([`checkpoint`]), the last one at close
+//! too. While it holds redb's write lock the writer does not wait for it:
+//! batches are logged and synced as always, their changes kept in an
+//! in-memory overlay that reads consult before redb, and folded into redb
+//! once the checkpoint is durable ([`overlay`]; [`wal`] for the two log
+//! segments that keep the frames written meanwhile apart from those the
+//! checkpoint covers). A checkpoint that blocked the writer set the tail of
+//! every write queued behind it; [`stages`] has the per-stage metrics that
+//! show where writes wait.
 //!
 //! After a storage error in the write path (log sync, redb commit,
 //! checkpoint) the writer stops accepting writes until a restart: after a
@@ -52,7 +52,8 @@
 //! log nor the in-memory state can be trusted to match the disk, and redb
 //! latches its own I/O errors until the file is reopened; the restart's
 //! replay is the one consistent way back. The `idemd` binary exits then,
-//! with a message saying what to do ([`writer::exit_on_storage_failure`]).
+//! with a message saying what to do ([`failure`] classifies the errors and
+//! words it).
 //!
 //! A full disk when the log is appended to is the exception: a frame that
 //! could not be written whole is not in the log (its checksum cannot match)
@@ -64,9 +65,12 @@
 //! # Layout
 //!
 //! This file is the store's face (open, the [`Store`] methods, the read
-//! side); [`writer`] is the writer thread and its batches, [`tables`] the
-//! tables and the four writes on them, [`recovery`] the replay on open,
-//! [`wal`] the log's format, [`codec`] the bytes of keys and values.
+//! side); [`group`] is the group-commit thread, [`writer`] its batches,
+//! [`checkpoint`] the checkpoint thread, [`overlay`] the changes made while
+//! one runs, [`fold`] the overlay readers share and its fold into redb,
+//! [`failure`] what a storage failure means, [`tables`] the tables and the
+//! four writes on them, [`recovery`] the replay on open, [`wal`] the log's
+//! format, [`codec`] the bytes of keys and values.
 //!
 //! # Tables
 //!
@@ -86,7 +90,11 @@
 //! batch. Records it returns (an existing record, a conflict) carry their
 //! sealed response out of the writer thread and are opened by the caller.
 
+mod checkpoint;
 pub mod codec;
+mod failure;
+mod fold;
+pub(crate) mod group;
 mod overlay;
 mod recovery;
 mod stages;
@@ -99,50 +107,32 @@ mod writer;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable};
-use tokio::sync::mpsc;
 
 use super::{
     CasOutcome, Expected, InsertOutcome, PendingPage, PendingQuery, Record, RecordKey, Store,
     StoreError, StoreResult, response,
 };
 use crate::crypto::Keyring;
-use overlay::{Layer, MergedKeys, redb_keys};
+use checkpoint::{BeforeCheckpoint, Checkpointer};
+pub use failure::exit_on_storage_failure;
+pub(crate) use failure::storage_error;
+use fold::Overlay;
+use group::GroupCommit;
+use overlay::{MergedKeys, redb_keys};
 use tables::Operation;
 use tables::{
     CasReply, EXPIRY, InsertReply, Loaded, META, PENDING, RECORDS, decode_loaded, overlay_keys,
     read_loaded,
 };
+pub use writer::WriterStats;
 use writer::{WriteOp, Writer};
-pub use writer::{WriterStats, exit_on_storage_failure};
 
 /// Most operations applied in one write transaction: bounds the latency a
 /// batch adds to its first operation.
 pub const MAX_BATCH: usize = 1024;
-
-/// Log bytes after which the writer checkpoints (durable redb commit, then
-/// the log restarts). Bounds the log file, the replay time on open (a few
-/// hundred ms at most) and the pages redb holds back from reuse until a
-/// durable commit (the file would otherwise grow between checkpoints).
-const CHECKPOINT_BYTES: u64 = 8 * 1024 * 1024;
-
-/// Longest time between checkpoints while writes arrive: bounds replay and
-/// held-back pages under a light load. A checkpoint no longer stalls the
-/// writer, but it competes with the log's fsyncs for the disk, so not much
-/// more often than this.
-const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
-
-/// Most expired records one writer operation removes. A sweep asked for
-/// more runs as several operations, so the writes that arrive meanwhile
-/// are applied between them: at ~6 µs a record, the 1,000 of one engine
-/// batch held the writer for ~6 ms and set the tail of every write queued
-/// behind it (issue 30, the expiry path: p999 3.2-4.1× p50 against 2.6×
-/// without expiry, `idemd-bench growth --ttl`, docs/benchmarks.md).
-const SWEEP_STEP: usize = 100;
 
 /// Depth of the queue in front of the writer: beyond it callers wait
 /// (backpressure instead of unbounded memory).
@@ -161,7 +151,7 @@ pub const DATABASE_FILE: &str = "idemd.redb";
 /// pages that will not be touched again soon; the OS page cache, which is not
 /// charged to idemd's resident memory, backs it. 8 MiB rather than 16: at
 /// 1,000 requests in flight it brought the resident peak from 64 to 54-58 MiB
-/// with no measurable change in fresh pairs/s (issue 15, docs/benchmarks.md).
+/// with no measurable change in fresh pairs/s (docs/benchmarks.md).
 pub const DEFAULT_CACHE_BYTES: usize = 8 * 1024 * 1024;
 
 /// Tunables of the embedded store.
@@ -195,12 +185,10 @@ pub struct EmbeddedStore {
     database: Arc<Database>,
     /// Writes acknowledged while a checkpoint runs, not yet in redb: read
     /// before redb ([`overlay`]).
-    overlay: Arc<std::sync::RwLock<Arc<Layer>>>,
-    /// Queue to the writer thread; `None` once closed.
-    writer: Mutex<Option<mpsc::Sender<WriteOp>>>,
-    /// The writer thread, joined on close so that every accepted write is
-    /// committed before `close` returns.
-    writer_thread: Mutex<Option<JoinHandle<()>>>,
+    overlay: Overlay,
+    /// The writer thread and its queue, closed on close so that every
+    /// accepted write is committed before `close` returns.
+    writer: GroupCommit<WriteOp>,
     /// Opens sealed responses on the read side.
     keyring: Option<Arc<Keyring>>,
 }
@@ -254,15 +242,20 @@ fn damaged_because(path: &Path, what: &str) -> StoreError {
     ))
 }
 
-fn storage_error(context: &str, error: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(format!("{context}: {error}"))
-}
-
 impl EmbeddedStore {
     /// Opens (creating if needed) the database in `options.data_dir`.
     ///
     /// Fails if another process holds the file.
     pub fn open(options: &EmbeddedOptions) -> Result<Self, StoreError> {
+        Self::open_with(options, None)
+    }
+
+    /// [`Self::open`], running `before_checkpoint` before each checkpoint's
+    /// durable commit (unit tests hold checkpoints back with it).
+    fn open_with(
+        options: &EmbeddedOptions,
+        before_checkpoint: BeforeCheckpoint,
+    ) -> Result<Self, StoreError> {
         std::fs::create_dir_all(&options.data_dir).map_err(|e| {
             storage_error(
                 &format!("cannot create data dir {}", options.data_dir.display()),
@@ -338,38 +331,33 @@ impl EmbeddedStore {
         // Everything replayed is durable in redb now: the log starts over.
         wal.reset();
 
-        let (sender, receiver) = mpsc::channel::<WriteOp>(QUEUE_DEPTH);
         let stats = Arc::new(WriterStats::default());
-        let overlay = Arc::new(std::sync::RwLock::new(Arc::new(Layer::default())));
-        let checkpointer = writer::Checkpointer::start(Arc::clone(&database), sender.downgrade())
-            .map_err(|e| storage_error("cannot start the checkpoint thread", e))?;
-        let writer = Writer {
-            database: Arc::clone(&database),
-            wal,
-            frame: wal::FrameBuilder::default(),
-            seq,
-            last_checkpoint: Instant::now(),
-            last_checkpoint_span: None,
-            poisoned: None,
-            out_of_space: (0, None),
-            disk_was_full: false,
-            data_dir: options.data_dir.clone(),
-            stats: Arc::clone(&stats),
-            keyring: options.keyring.clone(),
-            overlay: Arc::clone(&overlay),
-            checkpointer,
-            checkpoint_state: writer::CheckpointState::Idle,
-        };
-        let writer_thread = std::thread::Builder::new()
-            .name("idemd-store-writer".to_string())
-            .spawn(move || writer.run(receiver))
-            .map_err(|e| storage_error("cannot start writer thread", e))?;
+        let overlay = Overlay::default();
+        let writer = GroupCommit::start(
+            "idemd-store-writer",
+            "store writer",
+            QUEUE_DEPTH,
+            MAX_BATCH,
+            |waker| {
+                let checkpointer =
+                    Checkpointer::start(Arc::clone(&database), waker, before_checkpoint)
+                        .map_err(|e| storage_error("cannot start the checkpoint thread", e))?;
+                Ok(Writer::new(
+                    Arc::clone(&database),
+                    wal,
+                    seq,
+                    options,
+                    overlay.clone(),
+                    Arc::clone(&stats),
+                    checkpointer,
+                ))
+            },
+        )?;
         Ok(Self {
             stats,
             database,
             overlay,
-            writer: Mutex::new(Some(sender)),
-            writer_thread: Mutex::new(Some(writer_thread)),
+            writer,
             keyring: options.keyring.clone(),
         })
     }
@@ -387,22 +375,11 @@ impl EmbeddedStore {
         data_dir.join(DATABASE_FILE)
     }
 
-    fn sender(&self) -> StoreResult<mpsc::Sender<WriteOp>> {
-        self.writer
-            .lock()
-            .map_err(|_| StoreError::Closed)?
-            .clone()
-            .ok_or(StoreError::Closed)
-    }
-
     /// Hands `op` to the writer and waits for its answer (after the batch
     /// it joined is durable).
     async fn submit<O: Operation>(&self, op: O) -> StoreResult<O::Output> {
         let (queued, response) = writer::queue(op);
-        self.sender()?
-            .send(queued)
-            .await
-            .map_err(|_| StoreError::Closed)?;
+        self.writer.send(queued).await?;
         // The writer replies to every operation it accepted; a dropped reply
         // means it died mid-transaction, and a commit may or may not have
         // happened.
@@ -413,24 +390,14 @@ impl EmbeddedStore {
         })
     }
 
-    /// The overlay as it is now (cheap: a reference count).
-    fn overlay(&self) -> Arc<Layer> {
-        Arc::clone(&*self.overlay.read().unwrap_or_else(|e| e.into_inner()))
-    }
-
     fn read_record(&self, id: &RecordKey, now_ms: i64) -> StoreResult<Option<Record>> {
         // The overlay first, then redb: the writer empties the overlay only
         // after redb has its changes (see [`overlay`]).
         let key = codec::record_key(id);
-        let in_overlay = {
-            let overlay = self.overlay.read().unwrap_or_else(|e| e.into_inner());
-            overlay
-                .get(wal::LogTable::Records, &key)
-                .map(|value| value.map(<[u8]>::to_vec))
-        };
-        match in_overlay {
+        let overlay = self.overlay.snapshot();
+        match overlay.get(wal::LogTable::Records, &key) {
             Some(Some(value)) => {
-                return decode_loaded(id, &value, now_ms)?
+                return decode_loaded(id, value, now_ms)?
                     .map(|loaded| self.unseal(loaded))
                     .transpose();
             }
@@ -565,7 +532,7 @@ impl Store for EmbeddedStore {
         end.push(0xff);
 
         // A snapshot of the overlay, then of redb (see read_record).
-        let overlay = self.overlay();
+        let overlay = self.overlay.snapshot();
         let txn = self
             .database
             .begin_read()
@@ -620,40 +587,20 @@ impl Store for EmbeddedStore {
         Ok(page)
     }
 
+    /// One writer operation removing at most `max_records` (see
+    /// [`tables::Sweep`]): every write queued behind it waits until it
+    /// ends, at ~6 µs a record, so the caller picks a small step (around
+    /// 100) and calls again while a call removes its whole step.
     async fn sweep_expired(&self, now_ms: i64, max_records: usize) -> StoreResult<usize> {
-        let mut removed = 0;
-        while removed < max_records {
-            let step = SWEEP_STEP.min(max_records - removed);
-            let swept = self
-                .submit(tables::Sweep {
-                    now_ms,
-                    max_records: step,
-                })
-                .await?;
-            removed += swept;
-            if swept < step {
-                break;
-            }
-        }
-        Ok(removed)
+        self.submit(tables::Sweep {
+            now_ms,
+            max_records,
+        })
+        .await
     }
 
     async fn close(&self) -> StoreResult<()> {
-        // Dropping the only sender lets the writer drain the queue, commit
-        // and exit.
-        let sender = self.writer.lock().map_err(|_| StoreError::Closed)?.take();
-        drop(sender);
-        let thread = self
-            .writer_thread
-            .lock()
-            .map_err(|_| StoreError::Closed)?
-            .take();
-        if let Some(thread) = thread {
-            tokio::task::spawn_blocking(move || thread.join())
-                .await
-                .map_err(|e| storage_error("join writer", e))?
-                .map_err(|_| StoreError::Unavailable("store writer panicked".to_string()))?;
-        }
-        Ok(())
+        // The writer drains the queue, checkpoints and exits.
+        self.writer.close().await
     }
 }

@@ -2,15 +2,15 @@
 //! read through them.
 //!
 //! A checkpoint is a durable redb commit: it holds redb's write lock while
-//! it writes and syncs every page dirtied since the last one (issue 30
-//! measured it as the cause of every one of the slowest 0.1% of writes).
-//! So it runs on its own thread, and meanwhile the writer goes on: it
+//! it writes and syncs every page dirtied since the last one, long enough
+//! to set the tail of every write queued behind it. So it runs on its own
+//! thread ([`super::checkpoint`]), and meanwhile the writer goes on: it
 //! appends and syncs each batch to the log as always, but keeps the batch's
 //! changes here instead of in redb. Readers (and the writer's own
-//! conditions) look here first, then in redb. After the checkpoint the
-//! writer applies these changes to redb in the transaction of its next
-//! batch and empties the overlay, in that order, so a reader that misses
-//! a change here finds it in redb.
+//! conditions) look here first, then in redb. Once the checkpoint is
+//! durable the writer folds these changes into redb ([`super::fold`]) and
+//! empties the overlay, in that order, so a reader that misses a change
+//! here finds it in redb.
 //!
 //! The log holds every change kept here (it was synced before the batch was
 //! answered), so a crash loses nothing: the replay on open rebuilds it.
@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use super::storage_error;
+use super::failure::storage_error;
 use super::wal::LogTable;
 use crate::store::StoreResult;
 

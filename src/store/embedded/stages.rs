@@ -1,5 +1,5 @@
-//! Where a write's time goes in the writer, per operation: the stall
-//! breakdown of issue 30, as metrics.
+//! Where a write's time goes in the writer, per operation, as metrics: what
+//! tells the cause of a slow write.
 //!
 //! Every answered write is split into stages, each recorded in
 //! [`EMBEDDED_WRITE_STAGE`](crate::metrics::EMBEDDED_WRITE_STAGE) (weighted
@@ -18,7 +18,9 @@ use crate::metrics::{EMBEDDED_WRITE, EMBEDDED_WRITE_STAGE};
 pub(super) enum Stage {
     /// In the queue while the writer worked on other batches.
     Queue,
-    /// In the queue while the writer waited for a checkpoint.
+    /// In the queue while the writer did its own part of a checkpoint:
+    /// taking the outcome of a background checkpoint and folding the
+    /// overlay into redb (the checkpoint itself runs beside the writer).
     CheckpointWait,
     /// The batch's operations applied (reads, conditions, encoding).
     Apply,
@@ -77,8 +79,8 @@ fn stages_of(
     batch: &BatchTimes,
 ) -> [Duration; 6] {
     let waited = started.saturating_duration_since(queued_at);
-    // The part of the wait that overlapped the last checkpoint (the writer
-    // does nothing else while it runs).
+    // The part of the wait that overlapped the writer's part of the last
+    // checkpoint (the writer does nothing else meanwhile).
     let behind_checkpoint = checkpoint.map_or(Duration::ZERO, |(from, to)| {
         to.saturating_duration_since(from.max(queued_at))
             .min(waited)
@@ -94,8 +96,8 @@ fn stages_of(
 }
 
 /// Records the stages of every operation of a batch that started at
-/// `started`, answered now; `checkpoint` is the span of the last checkpoint
-/// before it.
+/// `started`, answered now; `checkpoint` is the span of the writer's part
+/// of the last checkpoint before it.
 pub(super) fn record(
     queued: impl Iterator<Item = Instant>,
     started: Instant,

@@ -5,13 +5,13 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::writer::CHECKPOINT_GATE;
+use super::checkpoint::CHECKPOINT_INTERVAL;
 use super::*;
 use crate::store::{Expected, RecordState, StoredResponse};
 
-const NOW: i64 = 1_000_000;
+pub(super) const NOW: i64 = 1_000_000;
 
-fn id(key: &str) -> RecordKey {
+pub(super) fn id(key: &str) -> RecordKey {
     RecordKey {
         tenant: "t".into(),
         endpoint: "e".into(),
@@ -19,7 +19,7 @@ fn id(key: &str) -> RecordKey {
     }
 }
 
-fn completed(key: &str, body: &[u8], expires_at_ms: i64) -> Record {
+pub(super) fn completed(key: &str, body: &[u8], expires_at_ms: i64) -> Record {
     Record {
         id: id(key),
         state: RecordState::Completed,
@@ -94,8 +94,15 @@ fn copy_data_dir(from: &Path, to: &Path) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_during_a_checkpoint_are_read_back_folded_and_replayed() {
     let dir = tempfile::tempdir().expect("dir");
-    let store = EmbeddedStore::open(&EmbeddedOptions::new(dir.path())).expect("open");
-    let gate = CHECKPOINT_GATE.lock().unwrap_or_else(|e| e.into_inner());
+    // Each checkpoint takes the gate before its durable commit.
+    let checkpoint_gate = Arc::new(Mutex::new(()));
+    let before_checkpoint: BeforeCheckpoint = Some({
+        let gate = Arc::clone(&checkpoint_gate);
+        Arc::new(move || drop(gate.lock().unwrap_or_else(|e| e.into_inner())))
+    });
+    let store = EmbeddedStore::open_with(&EmbeddedOptions::new(dir.path()), before_checkpoint)
+        .expect("open");
+    let gate = checkpoint_gate.lock().unwrap_or_else(|e| e.into_inner());
     let insert = |record: Record| {
         let store = &store;
         async move { store.insert_if_absent(&record, NOW).await.expect("insert") }
@@ -152,7 +159,7 @@ async fn writes_during_a_checkpoint_are_read_back_folded_and_replayed() {
         InsertOutcome::Inserted
     );
     assert!(
-        !store.overlay().is_empty(),
+        !store.overlay.snapshot().is_empty(),
         "the writes went to the overlay"
     );
 
@@ -195,13 +202,15 @@ async fn writes_during_a_checkpoint_are_read_back_folded_and_replayed() {
 
     // The checkpoint ends; the next write folds the overlay into redb.
     for round in 0..200 {
-        if store.stats.checkpoints.load(Ordering::SeqCst) == 1 && store.overlay().is_empty() {
+        if store.stats.checkpoints.load(Ordering::SeqCst) == 1
+            && store.overlay.snapshot().is_empty()
+        {
             break;
         }
         insert(completed(&format!("after-{round}"), b"n", NOW + 1_000_000)).await;
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(store.overlay().is_empty(), "folded into redb");
+    assert!(store.overlay.snapshot().is_empty(), "folded into redb");
     assert_eq!(body(&store, "a").await, Some(b"a2".to_vec()));
     assert_eq!(body(&store, "b").await, None);
     assert_eq!(pending_keys(&store).await, vec!["c".to_string()]);
@@ -216,14 +225,13 @@ async fn writes_during_a_checkpoint_are_read_back_folded_and_replayed() {
     reopened.close().await.expect("close");
 }
 
-/// A sweep asked for more than [`SWEEP_STEP`] records removes them all,
-/// in several writer operations: writes that arrive meanwhile are applied
-/// between the steps instead of waiting behind one long operation.
+/// A sweep is one writer operation that removes at most what it is asked
+/// for: the caller's step bounds how long writes wait behind it.
 #[tokio::test]
-async fn a_large_sweep_runs_in_steps() {
+async fn a_sweep_is_one_bounded_writer_operation() {
     let dir = tempfile::tempdir().expect("dir");
     let store = EmbeddedStore::open(&EmbeddedOptions::new(dir.path())).expect("open");
-    let expired = SWEEP_STEP * 5 + 7;
+    let (step, expired) = (100, 257);
     for i in 0..expired {
         let record = completed(&format!("expired-{i}"), b"x", NOW - 1);
         store
@@ -233,17 +241,16 @@ async fn a_large_sweep_runs_in_steps() {
     }
     let kept = completed("kept", b"k", NOW + 1_000_000);
     store.insert_if_absent(&kept, NOW).await.expect("insert");
-    let before = store.stats.operations.load(Ordering::SeqCst);
+    let operations = || store.stats.operations.load(Ordering::SeqCst);
+    let before = operations();
+    assert_eq!(store.sweep_expired(NOW, step).await.expect("sweep"), step);
+    assert_eq!(operations() - before, 1, "one writer operation");
     assert_eq!(
         store.sweep_expired(NOW, 10_000).await.expect("sweep"),
-        expired
+        expired - step,
+        "the rest, in one operation"
     );
-    let operations = store.stats.operations.load(Ordering::SeqCst) - before;
-    assert_eq!(
-        operations,
-        expired.div_ceil(SWEEP_STEP) as u64,
-        "one writer operation per step of {SWEEP_STEP}"
-    );
+    assert_eq!(operations() - before, 2);
     assert_eq!(body(&store, "kept").await, Some(b"k".to_vec()));
     assert_eq!(body(&store, "expired-0").await, None);
     store.close().await.expect("close");

@@ -189,26 +189,6 @@ pub enum AppendError {
     NotDurable(io::Error),
 }
 
-impl AppendError {
-    /// Whether the frame was not written because the file system is full
-    /// (or the owner's quota is): the one failure the writer outlives, since
-    /// freeing space makes the same append succeed.
-    pub fn is_out_of_space(&self) -> bool {
-        match self {
-            AppendError::NotWritten(error) => is_out_of_space(error),
-            AppendError::NotDurable(_) => false,
-        }
-    }
-}
-
-/// Whether `error` says the file system (or a quota) has no room left.
-pub fn is_out_of_space(error: &io::Error) -> bool {
-    matches!(
-        error.kind(),
-        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
-    )
-}
-
 /// The log file, written only by the store's writer thread.
 #[derive(Debug)]
 pub struct Wal {
@@ -523,14 +503,6 @@ mod tests {
             replayed(&wal, 0),
             vec![(1, b"a".to_vec()), (2, b"b".to_vec()), (3, b"c".to_vec())]
         );
-        let full = AppendError::NotWritten(io::Error::from(io::ErrorKind::StorageFull));
-        assert!(full.is_out_of_space());
-        let quota = AppendError::NotWritten(io::Error::from(io::ErrorKind::QuotaExceeded));
-        assert!(quota.is_out_of_space());
-        let sync = AppendError::NotDurable(io::Error::from(io::ErrorKind::StorageFull));
-        assert!(!sync.is_out_of_space(), "a failed sync is never outlived");
-        let eio = AppendError::NotWritten(io::Error::other("EIO"));
-        assert!(!eio.is_out_of_space());
     }
 
     /// A checkpoint switches segments; the frames written meanwhile are in

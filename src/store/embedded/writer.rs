@@ -1,5 +1,12 @@
-//! The writer thread: group commit. See the module docs of
-//! [`super`] for why one thread, a write-ahead log and batches.
+//! The store's writer: the [`Batcher`] of its group-commit thread
+//! ([`super::group`]), the only place that writes redb and the log. See the
+//! module docs of [`super`] for why one thread, a write-ahead log and
+//! batches.
+//!
+//! A batch goes into redb's tables when no checkpoint runs, or into the
+//! overlay while one does ([`super::overlay`]); the writer starts the
+//! checkpoints ([`super::checkpoint`]) and folds the overlay once one is
+//! durable. What a storage failure means is [`super::failure`]'s.
 //!
 //! Every write is an [`Operation`] whose output type is its own (an insert
 //! answers [`InsertReply`](super::tables::InsertReply), a sweep a count),
@@ -11,12 +18,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use redb::{Database, Durability, ReadableDatabase};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
+use super::checkpoint::Checkpointer;
+use super::failure::{Classify, Failure, Failures, is_out_of_space, storage_error};
+use super::fold::Overlay;
+use super::group::Batcher;
 use super::overlay::Layer;
 use super::stages::{self, BatchTimes};
-use super::tables::{Backing, EXPIRY, META, META_WAL_SEQ, Operation, RECORDS, Tables, open_tables};
-use super::{CHECKPOINT_BYTES, CHECKPOINT_INTERVAL, MAX_BATCH, storage_error, wal};
+use super::tables::{Backing, EXPIRY, Operation, RECORDS, RedbTables, Tables, record_seq};
+use super::{EmbeddedOptions, wal};
 use crate::crypto::Keyring;
 use crate::store::{StoreError, StoreResult};
 
@@ -34,109 +45,6 @@ pub(super) trait Queued: Send {
     fn reply(self: Box<Self>, error: Option<StoreError>);
     /// When the caller queued it (the stage timings start there).
     fn queued_at(&self) -> Instant;
-    /// Whether this is the checkpoint thread's wake-up call (see
-    /// [`Checkpointer`]) rather than a write.
-    fn is_wakeup(&self) -> bool {
-        false
-    }
-}
-
-/// Wakes the writer when a checkpoint ends, so that it folds the overlay
-/// into redb even when no write follows.
-struct Wakeup;
-
-impl Queued for Wakeup {
-    fn apply(&mut self, _: &mut Tables<'_, '_>) -> StoreResult<()> {
-        Ok(())
-    }
-
-    fn reply(self: Box<Self>, _: Option<StoreError>) {}
-
-    fn queued_at(&self) -> Instant {
-        Instant::now()
-    }
-
-    fn is_wakeup(&self) -> bool {
-        true
-    }
-}
-
-/// The checkpoint thread: runs the durable redb commits, one at a time,
-/// while the writer goes on logging and acknowledging into the overlay
-/// (see [`super::overlay`]).
-pub(super) struct Checkpointer {
-    /// Asks for a checkpoint; dropped to stop the thread.
-    requests: Option<std::sync::mpsc::Sender<()>>,
-    /// Its outcome (the error's text), one per request.
-    done: std::sync::mpsc::Receiver<Result<(), String>>,
-    /// Joined on drop: the thread holds the database, whose file lock a
-    /// reopen after `close` needs.
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Checkpointer {
-    fn drop(&mut self) {
-        drop(self.requests.take());
-        if let Some(thread) = self.thread.take() {
-            drop(thread.join());
-        }
-    }
-}
-
-impl Checkpointer {
-    /// Starts the thread; it wakes the writer through `waker` after each
-    /// checkpoint (a weak sender, so that it does not keep the queue open
-    /// when the store closes).
-    pub(super) fn start(
-        database: Arc<Database>,
-        waker: mpsc::WeakSender<WriteOp>,
-    ) -> std::io::Result<Self> {
-        let (requests, requested) = std::sync::mpsc::channel::<()>();
-        let (finished, done) = std::sync::mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("idemd-store-checkpoint".to_string())
-            .spawn(move || {
-                while requested.recv().is_ok() {
-                    #[cfg(test)]
-                    let gate = CHECKPOINT_GATE.lock().unwrap_or_else(|e| e.into_inner());
-                    #[cfg(test)]
-                    drop(gate);
-                    let result = database
-                        .begin_write()
-                        .map_err(|e| e.to_string())
-                        // An empty transaction with Durability::Immediate
-                        // (the default) flushes every earlier non-durable
-                        // commit.
-                        .and_then(|txn| txn.commit().map_err(|e| e.to_string()));
-                    if finished.send(result).is_err() {
-                        return;
-                    }
-                    if let Some(writer) = waker.upgrade() {
-                        // A full queue wakes the writer anyway.
-                        drop(writer.try_send(Box::new(Wakeup)));
-                    }
-                }
-            })?;
-        Ok(Self {
-            requests: Some(requests),
-            done,
-            thread: Some(thread),
-        })
-    }
-}
-
-/// Unit tests hold it to keep a checkpoint from beginning (the checkpoint
-/// thread takes it first), so that writes meet a running checkpoint.
-#[cfg(test)]
-pub(super) static CHECKPOINT_GATE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// Where the checkpoints are.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum CheckpointState {
-    /// None running: batches go straight into redb.
-    Idle,
-    /// One running since then: batches go to the overlay.
-    Running(Instant),
 }
 
 /// An operation, then its output, and where the output goes.
@@ -204,248 +112,126 @@ pub struct WriterStats {
     pub checkpoints_started: AtomicU64,
 }
 
-/// The writer thread's state: the only place that writes redb and the log.
+/// The writer's state.
 pub(super) struct Writer {
     /// The database (write transactions are this thread's alone).
-    pub(super) database: Arc<Database>,
+    database: Arc<Database>,
     /// The log every batch is appended to before it is acknowledged.
-    pub(super) wal: wal::Wal,
+    wal: wal::Wal,
     /// Reused between batches (no allocation per batch on the hot path).
-    pub(super) frame: wal::FrameBuilder,
-    /// Sequence number of the last frame whose changes redb holds.
-    pub(super) seq: u64,
-    /// When the redb file was last made durable.
-    pub(super) last_checkpoint: Instant,
-    /// When the last checkpoint started and ended: the writes queued
+    frame: wal::FrameBuilder,
+    /// Sequence number of the last frame whose changes redb (or the
+    /// overlay) holds.
+    seq: u64,
+    /// When the writer's own part of the last checkpoint (taking its
+    /// outcome, folding the overlay) started and ended: the writes queued
     /// meanwhile waited for it ([`stages`]).
-    pub(super) last_checkpoint_span: Option<(Instant, Instant)>,
-    /// Set after a storage error in the write path; see the module docs.
-    pub(super) poisoned: Option<String>,
-    /// Batches refused for want of space since the last report, and when
-    /// that report was logged: a full disk is reported at most every
-    /// [`OUT_OF_SPACE_REPORT`], not per batch (the log may share the disk,
-    /// and appends alternate between failing and fitting in the last page).
-    pub(super) out_of_space: (u64, Option<Instant>),
-    /// Some write of this process failed for want of space: redb latches
-    /// its first I/O error and later reports only "Previous I/O error
-    /// occurred", so this is what tells a full disk from a broken one then.
-    pub(super) disk_was_full: bool,
-    /// The data directory, named in what operators are told to free.
-    pub(super) data_dir: std::path::PathBuf,
+    last_checkpoint_span: Option<(Instant, Instant)>,
+    /// Whether writes are still accepted, and what was seen of the disk.
+    failures: Failures,
     /// Counters shared with the store.
-    pub(super) stats: Arc<WriterStats>,
+    stats: Arc<WriterStats>,
     /// Seals responses as records are encoded.
-    pub(super) keyring: Option<Arc<Keyring>>,
+    keyring: Option<Arc<Keyring>>,
     /// The changes acknowledged since the running checkpoint began, until
-    /// folded into redb; shared with readers ([`super::overlay`]).
-    pub(super) overlay: Arc<std::sync::RwLock<Arc<Layer>>>,
-    /// The checkpoint thread.
-    pub(super) checkpointer: Checkpointer,
-    /// Whether a checkpoint runs.
-    pub(super) checkpoint_state: CheckpointState,
+    /// folded into redb; shared with readers.
+    overlay: Overlay,
+    /// Runs the checkpoints.
+    checkpointer: Checkpointer,
 }
 
-impl Writer {
-    /// Applies batches until every sender is dropped, then checkpoints.
-    pub(super) fn run(mut self, mut receiver: mpsc::Receiver<WriteOp>) {
-        let mut batch = Vec::with_capacity(MAX_BATCH);
-        while let Some(first) = receiver.blocking_recv() {
-            batch.push(first);
-            while batch.len() < MAX_BATCH {
-                match receiver.try_recv() {
-                    Ok(op) => batch.push(op),
-                    Err(_) => break,
-                }
-            }
-            batch.retain(|op| !op.is_wakeup());
-            self.poll_checkpoint(false);
-            if !batch.is_empty() {
-                self.apply_batch(&mut batch);
-            }
-            if self.poisoned.is_none()
-                && matches!(self.checkpoint_state, CheckpointState::Idle)
-                && (self.wal.pending_bytes() >= CHECKPOINT_BYTES
-                    || (self.wal.pending_bytes() > 0
-                        && self.last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL))
-            {
-                self.start_checkpoint();
-            }
+impl Batcher for Writer {
+    type Item = WriteOp;
+
+    /// Takes a finished checkpoint's outcome, applies the batch, and starts
+    /// a checkpoint when one is due.
+    fn write(&mut self, batch: &mut Vec<WriteOp>) {
+        self.poll_checkpoint(false);
+        if !batch.is_empty() {
+            self.apply_batch(batch);
         }
-        // Closing: wait for a running checkpoint, then leave a durable redb
-        // file and an empty log behind, so that the next open has nothing
-        // to replay.
-        self.poll_checkpoint(true);
-        if self.poisoned.is_none() && self.wal.pending_bytes() > 0 {
-            self.checkpoint();
+        if self.failures.is_healthy() && self.checkpointer.is_due(self.wal.pending_bytes()) {
+            self.start_checkpoint();
         }
     }
 
-    /// Starts a checkpoint on the checkpoint thread. Every frame of the
-    /// current log segment is in redb (no checkpoint runs, so batches went
-    /// there): the checkpoint covers them all, and the writer goes on in
-    /// the other segment, whose frames the previous checkpoint covered.
-    fn start_checkpoint(&mut self) {
-        let sent = self
-            .checkpointer
-            .requests
-            .as_ref()
-            .is_some_and(|requests| requests.send(()).is_ok());
-        if !sent {
-            self.poison("the checkpoint thread stopped".to_string());
-            return;
+    /// Waits for a running checkpoint, then checkpoints what is left, so
+    /// that the next open has nothing to replay.
+    fn close(&mut self) {
+        self.poll_checkpoint(true);
+        if self.failures.is_healthy() && self.wal.pending_bytes() > 0 {
+            self.start_checkpoint();
+            self.poll_checkpoint(true);
         }
-        self.wal.switch();
-        self.checkpoint_state = CheckpointState::Running(Instant::now());
-        self.stats
-            .checkpoints_started
-            .fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Writer {
+    /// The writer of `database`, whose changes up to frame `seq` are in
+    /// redb, appending to `wal`; it shares `overlay` and `stats` with the
+    /// store.
+    pub(super) fn new(
+        database: Arc<Database>,
+        wal: wal::Wal,
+        seq: u64,
+        options: &EmbeddedOptions,
+        overlay: Overlay,
+        stats: Arc<WriterStats>,
+        checkpointer: Checkpointer,
+    ) -> Self {
+        Self {
+            database,
+            wal,
+            frame: wal::FrameBuilder::default(),
+            seq,
+            last_checkpoint_span: None,
+            failures: Failures::new(options.data_dir.clone()),
+            stats,
+            keyring: options.keyring.clone(),
+            overlay,
+            checkpointer,
+        }
+    }
+
+    /// Starts a checkpoint. Every frame of the current log segment is in
+    /// redb (no checkpoint runs, so batches went there): the checkpoint
+    /// covers them all, and the writer goes on in the other segment, whose
+    /// frames the previous checkpoint covered.
+    fn start_checkpoint(&mut self) {
+        match self.checkpointer.begin() {
+            Ok(()) => {
+                self.wal.switch();
+                self.stats
+                    .checkpoints_started
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Err(failure) => self.failures.poison(failure),
+        }
     }
 
     /// Takes the outcome of a running checkpoint (waiting for it when
     /// `wait`); once it is durable, folds the overlay into redb.
     fn poll_checkpoint(&mut self, wait: bool) {
-        let CheckpointState::Running(started) = self.checkpoint_state else {
-            return;
-        };
-        let outcome = if wait {
-            self.checkpointer
-                .done
-                .recv()
-                .map_err(|_| "the checkpoint thread stopped".to_string())
-        } else {
-            match self.checkpointer.done.try_recv() {
-                Ok(outcome) => Ok(outcome),
-                Err(std::sync::mpsc::TryRecvError::Empty) => return,
-                Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                    Err("the checkpoint thread stopped".to_string())
-                }
-            }
-        };
-        self.checkpoint_state = CheckpointState::Idle;
-        match outcome.and_then(|result| result) {
-            Ok(()) => {
-                self.last_checkpoint = Instant::now();
-                metrics::histogram!(crate::metrics::EMBEDDED_CHECKPOINT, "backend" => "embedded")
-                    .record((self.last_checkpoint - started).as_secs_f64());
+        let polled = Instant::now();
+        match self.checkpointer.finished(wait) {
+            None => return,
+            Some(Ok(())) => {
                 self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
-                if let Err(error) = self.fold_overlay() {
+                if let Err(failure) = self.overlay.fold(&self.database, self.seq) {
                     // redb lacks changes the log has: later batches would
                     // diverge from what a replay rebuilds.
-                    self.uncertain(format!("folding the overlay into redb failed: {error}"));
+                    self.failures
+                        .uncertain(failure.during("folding the overlay into redb failed"));
                 }
             }
-            Err(error) => self.poison(format!("checkpoint failed: {error}")),
+            Some(Err(failure)) => self.failures.poison(failure.during("checkpoint failed")),
         }
-    }
-
-    /// Writes the overlay's changes into redb (one non-durable commit, as a
-    /// batch's), then empties it: in that order, so that a reader that no
-    /// longer finds a change in the overlay finds it in redb.
-    fn fold_overlay(&mut self) -> StoreResult<()> {
-        let layer = Arc::clone(&*self.overlay.read().unwrap_or_else(|e| e.into_inner()));
-        if layer.is_empty() {
-            return Ok(());
-        }
-        let mut txn = self
-            .database
-            .begin_write()
-            .map_err(|e| storage_error("begin write", e))?;
-        txn.set_durability(Durability::None)
-            .map_err(|e| storage_error("begin write", e))?;
-        {
-            let (mut records, mut expiry, mut pending) = open_tables(&txn)?;
-            let failed = |e| storage_error("write", e);
-            for (key, value) in &layer.records {
-                match value {
-                    Some(value) => drop(
-                        records
-                            .insert(key.as_slice(), value.as_slice())
-                            .map_err(failed)?,
-                    ),
-                    None => drop(records.remove(key.as_slice()).map_err(failed)?),
-                }
-            }
-            for (index, changes) in [(&mut expiry, &layer.expiry), (&mut pending, &layer.pending)] {
-                for (key, value) in changes {
-                    match value {
-                        Some(_) => drop(index.insert(key.as_slice(), ()).map_err(failed)?),
-                        None => drop(index.remove(key.as_slice()).map_err(failed)?),
-                    }
-                }
-            }
-            let mut meta = txn.open_table(META).map_err(|e| storage_error("open", e))?;
-            meta.insert(META_WAL_SEQ, self.seq)
-                .map_err(|e| storage_error("write", e))?;
-        }
-        txn.commit().map_err(|e| storage_error("commit", e))?;
-        *self.overlay.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Layer::default());
-        Ok(())
-    }
-
-    fn poison(&mut self, reason: String) {
-        tracing::error!(
-            error = %reason,
-            data_dir = %self.data_dir.display(),
-            "embedded store: write path failed; refusing writes until restart (acknowledged writes are safe in the write-ahead log)"
-        );
-        if let Some(exit) = EXIT_ON_POISON.get() {
-            // redb latches its I/O errors (every later read and write fails
-            // until the file is reopened) and a failed sync leaves the log
-            // untrustworthy: only a restart's replay is a way back, so a
-            // process that can be restarted says what to do and goes.
-            exit(&format!(
-                "the embedded store in {} cannot write ({reason}); every acknowledged write is in its write-ahead log. {} then start idemd again: it replays the log on start",
-                self.data_dir.display(),
-                // The reason is text by now (redb's errors carry the OS's);
-                // ENOSPC and EDQUOT read the same on every Linux libc. redb
-                // latches its first I/O error and later reports only
-                // "Previous I/O error occurred": after an out-of-space
-                // refusal that earlier error was the full disk.
-                if reason.contains("No space left")
-                    || reason.contains("quota exceeded")
-                    || (reason.contains("Previous I/O error") && self.disk_was_full)
-                {
-                    "Free space on that file system (it is full),"
-                } else {
-                    "Check the disk (kernel log, file system),"
-                }
-            ));
-        }
-        self.poisoned = Some(reason);
-    }
-
-    /// Makes the redb file durable up to the last batch, then restarts the
-    /// log. Runs after the batch's replies, so it delays only later batches.
-    fn checkpoint(&mut self) {
-        let started = Instant::now();
-        let result = self
-            .database
-            .begin_write()
-            .map_err(|e| e.to_string())
-            .and_then(|txn| {
-                // An empty transaction with Durability::Immediate (the
-                // default) flushes every earlier non-durable commit.
-                txn.commit().map_err(|e| e.to_string())
-            });
-        match result {
-            Ok(()) => {
-                self.wal.reset();
-                self.last_checkpoint = Instant::now();
-                self.last_checkpoint_span = Some((started, self.last_checkpoint));
-                metrics::histogram!(crate::metrics::EMBEDDED_CHECKPOINT, "backend" => "embedded")
-                    .record((self.last_checkpoint - started).as_secs_f64());
-                self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(error) => self.poison(format!("checkpoint failed: {error}")),
-        }
+        self.last_checkpoint_span = Some((polled, Instant::now()));
     }
 
     /// Applies a batch, makes it durable and replies to every operation.
     fn apply_batch(&mut self, batch: &mut Vec<WriteOp>) {
-        if let Some(reason) = &self.poisoned {
-            let error = StoreError::Unavailable(format!(
-                "the embedded store stopped accepting writes after a storage error ({reason}); restart idemd"
-            ));
+        if let Some(error) = self.failures.refusal() {
             for op in batch.drain(..) {
                 op.reply(Some(error.clone()));
             }
@@ -456,16 +242,10 @@ impl Writer {
         let started = Instant::now();
         let mut times = BatchTimes::default();
         self.frame.begin(seq);
-        let outcome = if matches!(self.checkpoint_state, CheckpointState::Running(_)) {
+        let outcome = if self.checkpointer.is_running() {
             self.overlay_batch(batch, started, &mut times)
         } else {
-            let applied = apply_ops(
-                &self.database,
-                self.keyring.as_deref(),
-                &mut self.frame,
-                seq,
-                batch,
-            );
+            let applied = self.apply_ops(seq, batch);
             times.apply = started.elapsed();
             match applied {
                 Err(error) => Err(error),
@@ -489,12 +269,7 @@ impl Writer {
                 self.stats.operations.fetch_add(size, Ordering::Relaxed);
                 None
             }
-            Err(error) => {
-                let text = error.to_string();
-                self.disk_was_full |=
-                    text.contains("No space left") || text.contains("quota exceeded");
-                Some(error)
-            }
+            Err(error) => Some(error),
         };
         if error.is_none() {
             stages::record(
@@ -507,6 +282,37 @@ impl Writer {
         for op in batch.drain(..) {
             op.reply(error.clone());
         }
+    }
+
+    /// Applies operations in one non-durable write transaction, logging
+    /// every change into the frame; returns the open transaction for the
+    /// caller to make durable. On error the transaction is dropped (nothing
+    /// applied) and the caller answers the whole batch with the error.
+    fn apply_ops(&mut self, seq: u64, ops: &mut [WriteOp]) -> StoreResult<redb::WriteTransaction> {
+        let mut txn = self.database.begin_write().map_err(|e| {
+            // redb latched an earlier I/O error, or a full disk.
+            self.failures.note(e.cause());
+            storage_error("begin write", e)
+        })?;
+        // Durability comes from the write-ahead log, synced before this
+        // transaction commits; see the module docs of [`super`].
+        txn.set_durability(Durability::None)
+            .map_err(|e| storage_error("begin write", e))?;
+        {
+            let mut redb_tables = RedbTables::open(&txn)?;
+            let mut tables = Tables::new(
+                Backing::Redb(&mut redb_tables),
+                &mut self.frame,
+                self.keyring.as_deref(),
+            );
+            let applied = ops.iter_mut().try_for_each(|op| op.apply(&mut tables));
+            if let Some(cause) = tables.failure_cause() {
+                self.failures.note(cause);
+            }
+            applied?;
+        }
+        record_seq(&txn, seq)?;
+        Ok(txn)
     }
 
     /// Applies a batch while a checkpoint holds redb's write lock: its
@@ -531,17 +337,17 @@ impl Writer {
             let expiry = read
                 .open_table(EXPIRY)
                 .map_err(|e| storage_error("open", e))?;
-            let shared = Arc::clone(&*self.overlay.read().unwrap_or_else(|e| e.into_inner()));
-            let mut tables = Tables {
-                backing: Backing::Overlay {
+            let shared = self.overlay.snapshot();
+            let mut tables = Tables::new(
+                Backing::Overlay {
                     delta: &mut delta,
                     shared: &shared,
                     records: &records,
                     expiry: &expiry,
                 },
-                frame: &mut self.frame,
-                keyring: self.keyring.as_deref(),
-            };
+                &mut self.frame,
+                self.keyring.as_deref(),
+            );
             for op in batch.iter_mut() {
                 op.apply(&mut tables)?;
             }
@@ -553,11 +359,8 @@ impl Writer {
         self.log_frame()?;
         (times.log_write, times.fsync) = self.wal.last_append_times();
         let publishing = Instant::now();
-        {
-            let mut overlay = self.overlay.write().unwrap_or_else(|e| e.into_inner());
-            // Copies the layer only while a ListPending holds a snapshot.
-            Arc::make_mut(&mut overlay).absorb(delta);
-        }
+        // Copies the layer only while a ListPending holds a snapshot.
+        self.overlay.publish(delta);
         times.commit = publishing.elapsed();
         Ok(true)
     }
@@ -578,7 +381,9 @@ impl Writer {
         if let Err(error) = txn.commit() {
             // The log has a frame that redb does not: later batches would
             // diverge from what a replay rebuilds.
-            return Err(self.uncertain(format!("commit failed: {error}")));
+            return Err(self
+                .failures
+                .uncertain(Failure::of(&error).during("commit failed")));
         }
         times.commit = committing.elapsed();
         Ok(())
@@ -596,96 +401,66 @@ impl Writer {
             }
         };
         match self.wal.append(frame) {
-            Ok(()) => {}
+            Ok(()) => Ok(()),
             // The frame is not in the log and the batch's changes are
             // dropped: nothing of the batch happened, and nothing else is
-            // at risk (no sync failed). Refuse the batch and keep going, so
-            // writes resume by themselves once space is freed.
-            Err(error) if error.is_out_of_space() => {
-                let (refused, reported) = &mut self.out_of_space;
-                *refused += 1;
-                if reported.is_none_or(|at| at.elapsed() >= OUT_OF_SPACE_REPORT) {
-                    tracing::error!(
-                        %error,
-                        refused_batches = *refused,
-                        data_dir = %self.data_dir.display(),
-                        "embedded store: the disk is full; writes are refused (UNAVAILABLE, nothing applied) until space is freed in the data directory"
-                    );
-                    *refused = 0;
-                    *reported = Some(Instant::now());
-                }
-                return Err(StoreError::Unavailable(format!(
-                    "the disk holding {} is full, nothing was applied; retry once space is freed: {error}",
-                    self.data_dir.display()
-                )));
-            }
-            Err(error) => {
-                // The frame may have reached the disk partially or wholly.
-                return Err(self.uncertain(error.to_string()));
-            }
+            // at risk (no sync failed).
+            Err(error) if is_out_of_space(&error) => Err(self.failures.refuse_full(&error)),
+            // The frame may have reached the disk partially or wholly.
+            Err(error) => Err(self.failures.uncertain(Failure::of(&error))),
         }
-        Ok(())
-    }
-
-    fn uncertain(&mut self, reason: String) -> StoreError {
-        metrics::counter!(crate::metrics::STORE_UNCERTAIN, "backend" => "embedded").increment(1);
-        self.poison(reason.clone());
-        StoreError::Uncertain(reason)
     }
 }
 
-/// Shortest interval between two reports of a full disk.
-const OUT_OF_SPACE_REPORT: std::time::Duration = std::time::Duration::from_secs(10);
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::embedded::checkpoint::CHECKPOINT_INTERVAL;
+    use crate::store::embedded::group::Waker;
+    use crate::store::embedded::tables::Insert;
+    use crate::store::embedded::tests::{NOW, completed};
 
-/// What a process that can be restarted does when the writer is poisoned:
-/// see [`exit_on_storage_failure`].
-static EXIT_ON_POISON: std::sync::OnceLock<fn(&str) -> !> = std::sync::OnceLock::new();
-
-/// Makes a storage failure of the write path end the process through
-/// `exit` (which prints the message it is given and exits non-zero), for
-/// the `idemd` binary: its supervisor restarts it and the restart's replay
-/// recovers. Embedders and tests keep a store that refuses writes instead.
-pub fn exit_on_storage_failure(exit: fn(&str) -> !) {
-    let _ = EXIT_ON_POISON.set(exit);
-}
-
-/// Applies operations in one non-durable write transaction, logging every
-/// change into `frame`; returns the open transaction for the caller to make
-/// durable. On error the transaction is dropped (nothing applied) and the
-/// caller answers the whole batch with the error.
-fn apply_ops(
-    database: &Database,
-    keyring: Option<&Keyring>,
-    frame: &mut wal::FrameBuilder,
-    seq: u64,
-    ops: &mut [WriteOp],
-) -> StoreResult<redb::WriteTransaction> {
-    let mut txn = database
-        .begin_write()
-        .map_err(|e| storage_error("begin write", e))?;
-    // Durability comes from the write-ahead log, synced before this
-    // transaction commits; see the module docs.
-    txn.set_durability(Durability::None)
-        .map_err(|e| storage_error("begin write", e))?;
-    {
-        let (mut records, mut expiry, mut pending) = open_tables(&txn)?;
-        let mut tables = Tables {
-            backing: Backing::Redb {
-                records: &mut records,
-                expiry: &mut expiry,
-                pending: &mut pending,
-            },
-            frame,
-            keyring,
+    /// The writer's part of a background checkpoint (taking its outcome,
+    /// folding the overlay) is what `checkpoint_wait` measures: timed in
+    /// normal running, not only at close.
+    #[test]
+    fn background_checkpoints_time_the_writers_part() {
+        let dir = tempfile::tempdir().expect("dir");
+        let database = Arc::new(Database::create(dir.path().join("db")).expect("create"));
+        let txn = database.begin_write().expect("begin");
+        drop(RedbTables::open(&txn).expect("tables"));
+        record_seq(&txn, 0).expect("seq");
+        txn.commit().expect("commit");
+        let wal = wal::Wal::open(dir.path()).expect("wal");
+        let checkpointer =
+            Checkpointer::start(Arc::clone(&database), Waker::<WriteOp>::detached(), None)
+                .expect("checkpointer");
+        let options = EmbeddedOptions::new(dir.path());
+        let stats = Arc::new(WriterStats::default());
+        let overlay = Overlay::default();
+        let mut writer = Writer::new(database, wal, 0, &options, overlay, stats, checkpointer);
+        let insert = |key: &str| {
+            let record = completed(key, b"x", NOW + 1_000_000);
+            queue(Insert {
+                record,
+                now_ms: NOW,
+            })
+            .0
         };
-        for op in ops.iter_mut() {
-            op.apply(&mut tables)?;
+        writer.write(&mut vec![insert("a")]);
+        std::thread::sleep(CHECKPOINT_INTERVAL);
+        writer.write(&mut vec![insert("b")]);
+        assert!(writer.checkpointer.is_running(), "a checkpoint was due");
+        writer.write(&mut vec![insert("c")]);
+        for _ in 0..500 {
+            if !writer.checkpointer.is_running() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            writer.write(&mut Vec::new());
         }
+        assert!(!writer.checkpointer.is_running(), "the checkpoint ended");
+        assert!(writer.last_checkpoint_span.is_some());
+        assert!(writer.overlay.snapshot().is_empty(), "folded");
     }
-    {
-        let mut meta = txn.open_table(META).map_err(|e| storage_error("open", e))?;
-        meta.insert(META_WAL_SEQ, seq)
-            .map_err(|e| storage_error("write", e))?;
-    }
-    Ok(txn)
 }
