@@ -590,6 +590,29 @@ async fn keys_expire_with_their_window() {
     assert_eq!(h.engine.sweep_expired().await.expect("sweep"), 0);
 }
 
+/// A sweep runs in steps of [`crate::engine::SWEEP_STEP`] records (one
+/// store write each on the embedded store, so writes queued meanwhile go
+/// between them) until a step finds fewer due. Fails with one request for
+/// everything, as the sweeper made before the step had one home.
+#[tokio::test]
+async fn sweeps_run_in_bounded_steps() {
+    let h = harness();
+    let expired = 2 * crate::engine::SWEEP_STEP + 50;
+    for i in 0..expired {
+        let mut short = input(PAY, &format!("k{i}"), "{}");
+        short.ttl_ms = Some(60_000);
+        h.claimed(short).await;
+    }
+    h.clock.advance(Duration::from_secs(61));
+    assert_eq!(h.engine.sweep_expired().await.expect("sweep"), expired);
+    assert_eq!(
+        h.store.sweep_requests(),
+        vec![crate::engine::SWEEP_STEP; 3],
+        "three steps: two full, one of 50"
+    );
+    assert!(h.store.is_empty());
+}
+
 #[tokio::test]
 async fn store_faults_are_errors_never_answers() {
     let h = harness();

@@ -159,6 +159,9 @@ pub struct MemoryStore {
     tables: Mutex<Tables>,
     /// Calls of [`Store::get`]: lets engine tests prove a path does not read.
     reads: std::sync::atomic::AtomicU64,
+    /// `max_records` of each [`Store::sweep_expired`] call, in order: lets
+    /// engine tests prove a sweep runs in bounded steps.
+    sweep_requests: Mutex<Vec<usize>>,
     /// The answer of [`Store::read_before_insert`]: `false` makes the engine
     /// treat this store like the CQL backend (engine tests of that path).
     insert_first: bool,
@@ -200,6 +203,14 @@ impl MemoryStore {
     /// How many times [`Store::get`] was called.
     pub fn reads(&self) -> u64 {
         self.reads.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The `max_records` of every sweep asked of this store, in order.
+    pub fn sweep_requests(&self) -> Vec<usize> {
+        self.sweep_requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Every record held, expired or not (for tests).
@@ -344,6 +355,10 @@ impl Store for MemoryStore {
     }
 
     async fn sweep_expired(&self, now_ms: i64, max_records: usize) -> StoreResult<usize> {
+        self.sweep_requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(max_records);
         let mut tables = self.lock();
         tables.check()?;
         let due: Vec<RecordKey> = tables
