@@ -4,16 +4,16 @@
 //! [`CqlStore`] composes two parts on one driver session and implements
 //! [`Store`] by delegating to them, in the order below:
 //!
-//! * [`records`]: the `records` table, one row per (tenant, endpoint, key),
+//! * `records`: the `records` table, one row per (tenant, endpoint, key),
 //!   written only with lightweight transactions, and the resolution of
 //!   their uncertain outcomes (never a guess: [`StoreError::Uncertain`]).
 //!   It also seals stored responses with the keyring, if any.
-//! * [`pending`]: the pending index ListPending reads, bucketed by due
+//! * `pending`: the pending index ListPending reads, bucketed by due
 //!   instant and sharded by key, with a per-tenant watermark its sealer
 //!   keeps behind the clock ([`Store::maintain`]).
 //!
 //! Shared below both: [`session`] (connecting, options, rows read by column
-//! name; public, the audit log uses it too) and [`statements`] (how a part
+//! name; public, the audit log uses it too) and `statements` (how a part
 //! prepares its statements). `migrate` applies `migrations/`; see there for
 //! the schema and the reasons behind its table options.
 //!
@@ -31,7 +31,7 @@
 //! two leaves an extra entry (verified against `records` and dropped by
 //! readers), never a missing one
 //! (`a_crash_between_two_writes_never_hides_a_claim_from_list_pending` kills
-//! idemd at each [`crash`] point). So:
+//! idemd at each `crash` point). So:
 //!
 //! * Claim: the index entry (a plain write), then `INSERT … IF NOT EXISTS`,
 //!   which returns the row it did not replace, so no read comes first
@@ -39,7 +39,7 @@
 //!   the key, the entry just written is deleted before the reply.
 //! * Complete: `UPDATE … IF` built from the record the engine granted
 //!   (`engine::granted`), then the index delete after the reply
-//!   ([`PendingIndex::after_completion`]).
+//!   (`PendingIndex::after_completion`).
 //! * Every other transition: the new entry (if any), the LWT, then the old
 //!   entry's delete before the reply.
 //!

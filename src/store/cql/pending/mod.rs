@@ -6,8 +6,8 @@
 //! and keeps every tenant's watermark behind the clock ([`seal`]). What an
 //! entry is and says is in [`entry`]; the upgrade from migration 1's
 //! `pending_index` in [`legacy`]. Entries are verified against the record
-//! table (`records::Records`) wherever they are read, so the index may hold extra
-//! entries, never miss one.
+//! table (`records::Records`) wherever they are read, so the index may hold
+//! extra entries, never miss one.
 //!
 //! # Layout (migration 3)
 //!

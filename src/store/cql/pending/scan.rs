@@ -6,7 +6,9 @@
 //! overdue partitions, each a paged slice starting at the page cursor (and
 //! never below the watermark), merged and cut where every source agrees
 //! that nothing smaller is left. Entries are then verified against
-//! `records`, concurrently, like before.
+//! `records`, concurrently; a stale one is deleted on the way. The price
+//! of a step: the 8 overdue slices plus 8 per bucket (up to
+//! [`BUCKETS_PER_STEP`]), and one record read per entry.
 
 use futures::future::join_all;
 use scylla::response::PagingState;

@@ -4,8 +4,9 @@
 //! outcomes"), never guessed. Only the record LWTs need the distinction: the
 //! pending index's writes are plain (a retry is harmless) and a failed
 //! cursor LWT is simply tried again at the next step, so they map any
-//! failure to `StoreError::Unavailable`. The table follows the driver's
-//! error types and changes with them, apart from the code that acts on it.
+//! failure to `StoreError::Unavailable`. The table is apart from the code
+//! that acts on it because it follows the driver's error types and changes
+//! with them.
 
 use scylla::errors::{DbError, ExecutionError, RequestAttemptError, WriteType};
 use scylla::statement::Consistency;

@@ -53,7 +53,7 @@ use super::session::{CqlOptions, ttl_seconds, unavailable};
 use super::statements::{Preparer, idempotent};
 use crate::crypto::Keyring;
 use crate::store::{CasOutcome, Expected, Record, RecordKey, StoreError, StoreResult};
-use codec::{RECORD_COLUMNS, key_values, record_values, text_value, values};
+use codec::{RECORD_COLUMNS, Values, key_values, record_values, text_value, values};
 use failure::{Failure, classify};
 
 /// Lower bound on the timeout of the SERIAL reads that resolve uncertain
@@ -174,6 +174,15 @@ pub(super) struct Records {
     stats: CqlStats,
 }
 
+/// The `USING TTL` value of a write of `record`: what is left of its dedup
+/// window.
+fn ttl_value(record: &Record, now_ms: i64) -> Values {
+    vec![Some(CqlValue::Int(ttl_seconds(
+        record.expires_at_ms,
+        now_ms,
+    )))]
+}
+
 /// Whether `current` is exactly the state `written` put there: the fields a
 /// transition changes, with the random lease token telling our write from
 /// any other.
@@ -252,6 +261,22 @@ impl Records {
         )))
     }
 
+    /// The values of an `UPDATE … USING TTL ? SET … WHERE <key> IF …` that
+    /// writes `record`: its TTL, its columns, its key, then `condition`.
+    fn update_values(
+        &self,
+        record: &Record,
+        now_ms: i64,
+        condition: Values,
+    ) -> StoreResult<Values> {
+        Ok(values([
+            ttl_value(record, now_ms),
+            record_values(record, self.keyring.as_deref())?,
+            key_values(&record.id),
+            condition,
+        ]))
+    }
+
     async fn conditional(
         &self,
         statement: &PreparedStatement,
@@ -279,10 +304,7 @@ impl Records {
         let bound = values([
             key_values(id),
             record_values(record, self.keyring.as_deref())?,
-            vec![Some(CqlValue::Int(ttl_seconds(
-                record.expires_at_ms,
-                now_ms,
-            )))],
+            ttl_value(record, now_ms),
         ]);
         match self.conditional(&self.statements.insert, bound).await {
             Ok((true, _)) => Ok(Insert::Inserted),
@@ -321,15 +343,7 @@ impl Records {
         now_ms: i64,
     ) -> StoreResult<Insert> {
         let id = &record.id;
-        let bound = values([
-            vec![Some(CqlValue::Int(ttl_seconds(
-                record.expires_at_ms,
-                now_ms,
-            )))],
-            record_values(record, self.keyring.as_deref())?,
-            key_values(id),
-            vec![Some(CqlValue::BigInt(now_ms))],
-        ]);
+        let bound = self.update_values(record, now_ms, vec![Some(CqlValue::BigInt(now_ms))])?;
         match self
             .conditional(&self.statements.replace_expired, bound)
             .await
@@ -353,19 +367,12 @@ impl Records {
         now_ms: i64,
     ) -> StoreResult<CasOutcome> {
         let id = &record.id;
-        let bound = values([
-            vec![Some(CqlValue::Int(ttl_seconds(
-                record.expires_at_ms,
-                now_ms,
-            )))],
-            record_values(record, self.keyring.as_deref())?,
-            key_values(id),
-            vec![
-                text_value(expected.state.as_str()),
-                text_value(&expected.lease_token),
-                Some(CqlValue::BigInt(now_ms)),
-            ],
-        ]);
+        let condition = vec![
+            text_value(expected.state.as_str()),
+            text_value(&expected.lease_token),
+            Some(CqlValue::BigInt(now_ms)),
+        ];
+        let bound = self.update_values(record, now_ms, condition)?;
         let applied = match self.conditional(&self.statements.replace, bound).await {
             Ok((applied, _)) => applied,
             Err(Failure::NotApplied(error)) => return Err(error),
