@@ -16,7 +16,7 @@ use scylla::value::CqlValue;
 
 use super::{AuditCursor, AuditEvent, AuditLog, AuditQuery, retention_ms};
 use crate::store::StoreError;
-use crate::store::cql::{CqlOptions, connect, day_of, rows};
+use crate::store::cql::session::{CqlOptions, connect, day_of, rows};
 
 /// The CQL audit log.
 pub struct CqlAuditLog {

@@ -6,7 +6,8 @@
 use std::sync::Arc;
 
 use idemd::crypto::{self, Keyring};
-use idemd::store::cql::{CqlStore, rows};
+use idemd::store::cql::CqlStore;
+use idemd::store::cql::session::rows;
 use idemd::store::{
     InsertOutcome, Record, RecordKey, RecordState, Store, StoreError, StoredResponse,
 };

@@ -604,9 +604,9 @@ async fn records_pending_before_the_upgrade_are_found_after_it() {
 }
 
 /// A Complete's index delete runs after the reply (issue 27,
-/// `CqlStore::index_after_completion`), and a graceful close waits for the
-/// ones in flight: after 100 concurrent completions and `close`, none of
-/// their entries is left in the buckets. Fails if a completion leaves its
+/// `PendingIndex::after_completion` in `store::cql::pending`), and a
+/// graceful close waits for the ones in flight: after 100 concurrent
+/// completions and `close`, none of their entries is left in the buckets. Fails if a completion leaves its
 /// entry, or if close returns before the cleanups land.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn completions_drop_their_entries_after_the_reply() {

@@ -20,8 +20,9 @@ use std::time::Duration;
 use scylla::client::session::Session;
 use scylla::value::CqlValue;
 
-use super::rows;
-use super::{CqlOptions, connect, validate_keyspace};
+use super::pending::legacy::{LegacyReport, copy_legacy_index};
+use super::session::rows;
+use super::session::{CqlOptions, connect, validate_keyspace};
 use crate::store::StoreError;
 
 /// One migration: version, name, CQL (statements separated by `;`, with
@@ -56,7 +57,7 @@ pub const MIGRATIONS: &[Migration] = &[
 ];
 
 /// The migration that replaced `pending_index`: from it on, every run also
-/// copies what older releases wrote there ([`super::copy_legacy_index`]).
+/// copies what older releases wrote there ([`copy_legacy_index`]).
 const BUCKETED_PENDING_INDEX: i32 = 3;
 
 /// A claim on a migration older than this is considered abandoned (its
@@ -90,7 +91,7 @@ pub struct MigrationReport {
     /// Versions found already applied (by this or another run).
     pub already_applied: Vec<i32>,
     /// What the copy of migration 1's pending index found and copied.
-    pub legacy_pending: Option<super::LegacyReport>,
+    pub legacy_pending: Option<LegacyReport>,
 }
 
 /// Splits a migration into statements: `;`-separated, `--` comments dropped.
@@ -318,7 +319,7 @@ pub async fn run_to(
     }
     if last >= BUCKETED_PENDING_INDEX {
         let grace = i64::try_from(options.seal_grace.as_millis()).unwrap_or(i64::MAX);
-        let copied = super::copy_legacy_index(&session, keyspace, grace, now_ms()).await?;
+        let copied = copy_legacy_index(&session, keyspace, grace, now_ms()).await?;
         if copied.entries > 0 {
             tracing::info!(
                 partitions = copied.partitions,

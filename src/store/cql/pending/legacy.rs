@@ -22,8 +22,9 @@ use scylla::statement::prepared::PreparedStatement;
 use scylla::value::CqlValue;
 use std::ops::ControlFlow;
 
-use super::super::{DAY_MS, rows, ttl_seconds, unavailable};
-use super::shard_of;
+use super::super::session::{DAY_MS, rows, ttl_seconds, unavailable};
+use super::super::statements::INDEX_PAGE_ROWS;
+use super::entry::shard_of;
 use crate::store::{StoreError, StoreResult};
 
 /// Concurrent slice reads while copying.
@@ -54,7 +55,7 @@ async fn prepare(session: &Session, cql: String) -> StoreResult<PreparedStatemen
         .prepare(cql)
         .await
         .map_err(|e| unavailable("prepare (pending index upgrade)", e))?;
-    statement.set_page_size(super::super::statements::INDEX_PAGE_ROWS);
+    statement.set_page_size(INDEX_PAGE_ROWS);
     Ok(statement)
 }
 

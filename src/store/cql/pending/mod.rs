@@ -1,7 +1,13 @@
-//! The pending index: where an entry lives, its writes, and what an entry
-//! says about its record. ListPending's read is in [`scan`], the sealer
-//! (watermark, overdue moves, the gauges' summary) in [`seal`], the upgrade
-//! from migration 1's `pending_index` in [`legacy`].
+//! The pending index: what ListPending reads instead of scanning
+//! `records`. [`PendingIndex`] owns its statements, what this replica knows
+//! of each tenant's index, and the sealer's timing; it writes an entry
+//! before the record write that makes a record due (here), deletes the
+//! entries a write made stale ([`cleanup`]), serves ListPending ([`scan`])
+//! and keeps every tenant's watermark behind the clock ([`seal`]). What an
+//! entry is and says is in [`entry`]; the upgrade from migration 1's
+//! `pending_index` in [`legacy`]. Entries are verified against the record
+//! table (`records::Records`) wherever they are read, so the index may hold
+//! extra entries, never miss one.
 //!
 //! # Layout (migration 3)
 //!
@@ -44,21 +50,27 @@
 //! `pending_overdue` too. So the grace must exceed a replica's clock skew
 //! plus the latency of one index write (bounded by the request timeout).
 
+mod cleanup;
+mod entry;
 pub(super) mod legacy;
-pub(super) mod scan;
-pub(super) mod seal;
+mod scan;
+mod seal;
+mod statements;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use scylla::client::session::Session;
-use scylla::statement::prepared::PreparedStatement;
 use scylla::value::CqlValue;
 
-use super::rows::NamedRow;
-use super::{CqlStore, ttl_seconds, unavailable};
-use crate::store::{Record, RecordKey, RecordState, StoreError, StoreResult};
+use super::session::{CqlOptions, rows, ttl_seconds, unavailable};
+use crate::store::{Record, StoreResult};
+use cleanup::Cleaner;
+pub(super) use entry::Slot;
+use entry::{shard_of, slot_for_put};
+pub use seal::SealReport;
+use statements::Statements;
 
 /// Width of one bucket of due instants. With [`SHARDS`] it sets the rows a
 /// partition receives: `claims/s × 20 s / 8` (2.5 rows per claim/s; 25,000
@@ -74,45 +86,9 @@ pub const BUCKET_MS: i64 = 20_000;
 /// never change it on a live keyspace.
 pub const SHARDS: i32 = 8;
 
-/// Default of `--cql-seal-grace`: how far behind the clock the watermark is
-/// kept. Must exceed the worst clock skew between replicas plus the latency
-/// of one index write (at most the request timeout, 5 s by default).
-pub const DEFAULT_SEAL_GRACE: Duration = Duration::from_secs(15);
-
-/// How long an index entry may disagree with its record before it counts as
-/// stale: longer than any statement can stay in flight (driver timeouts are
-/// seconds), so an entry written just before a conditional write that has
-/// not landed yet is never deleted under it.
-pub(super) const INDEX_GRACE_MS: i64 = 60_000;
-
-/// The stable shard of a key: FNV-1a over `endpoint \0 key`. Stored in the
-/// partition key, so it must never change.
-pub(super) fn shard_of(endpoint: &str, key: &str) -> i32 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in endpoint.bytes().chain([0]).chain(key.bytes()) {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    i32::try_from(hash % SHARDS.unsigned_abs() as u64).unwrap_or(0)
-}
-
-/// The bucket holding due instant `due`.
-pub(super) fn bucket_of(due: i64) -> i64 {
-    due.div_euclid(BUCKET_MS)
-}
-
-/// Where one index entry is written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Slot {
-    /// `pending_buckets`, in this bucket.
-    Bucket(i64),
-    /// `pending_overdue`.
-    Overdue,
-}
-
 /// What this replica knows of a tenant's index, to avoid a read per write.
 #[derive(Debug, Default, Clone, Copy)]
-pub(super) struct TenantState {
+struct TenantState {
     /// The tenant's `pending_cursor` row exists (created once per process).
     cursor_ready: bool,
     /// The highest watermark this replica has seen (`i64::MIN`: none yet).
@@ -125,7 +101,7 @@ pub(super) struct TenantState {
 /// Per-tenant state of this replica, shared by writers, readers and the
 /// sealer.
 #[derive(Debug, Default)]
-pub(super) struct Tenants {
+struct Tenants {
     /// Tenant → state. One entry per tenant seen; tenants are few.
     by_name: Mutex<HashMap<String, TenantState>>,
 }
@@ -154,12 +130,12 @@ impl Tenants {
     }
 
     /// The highest watermark seen for `tenant`, if any.
-    pub(super) fn watermark(&self, tenant: &str) -> Option<i64> {
+    fn watermark(&self, tenant: &str) -> Option<i64> {
         Some(self.get(tenant).watermark).filter(|w| *w != i64::MIN)
     }
 
     /// Records a watermark read or written (never moves it back).
-    pub(super) fn saw_watermark(&self, tenant: &str, watermark: i64) {
+    fn saw_watermark(&self, tenant: &str, watermark: i64) {
         self.update(tenant, |state| {
             state.cursor_ready = true;
             state.watermark = state.watermark.max(watermark);
@@ -194,14 +170,61 @@ impl SealTiming {
     }
 }
 
-impl CqlStore {
+/// The pending index of one store (see the module docs).
+pub(super) struct PendingIndex {
+    /// The store's session.
+    session: Arc<Session>,
+    /// Prepared once at start.
+    statements: Statements,
+    /// What this replica knows of each tenant's index.
+    tenants: Tenants,
+    /// The sealer's grace and steps.
+    timing: SealTiming,
+    /// This replica's name in `pending_cursor.sealed_by` (host and pid).
+    replica: String,
+    /// The longest ttl a policy allows, in seconds: the TTL of an entry the
+    /// sealer copies for a record whose expiry it cannot read.
+    max_ttl_seconds: i32,
+    /// Deletes stale entries, on the reply path or after it.
+    cleaner: Cleaner,
+}
+
+/// This process's name in the rows it writes for other replicas to read.
+fn replica_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".to_string());
+    format!("{host}:{}", std::process::id())
+}
+
+impl PendingIndex {
+    /// Prepares the index's statements on `session`.
+    pub(super) async fn open(session: Arc<Session>, options: &CqlOptions) -> StoreResult<Self> {
+        let statements = Statements::prepare(&session, &options.keyspace).await?;
+        let cleaner = Cleaner::new(
+            Arc::clone(&session),
+            statements.bucket_delete.clone(),
+            statements.overdue_delete.clone(),
+        );
+        Ok(Self {
+            session,
+            statements,
+            tenants: Tenants::default(),
+            timing: SealTiming::for_grace(options.seal_grace),
+            replica: replica_name(),
+            max_ttl_seconds: i32::try_from(options.max_ttl.as_secs()).unwrap_or(i32::MAX),
+            cleaner,
+        })
+    }
+
+    /// How often the sealer should run: its step.
+    pub(super) fn step(&self) -> Duration {
+        Duration::from_millis(u64::try_from(self.timing.step_ms).unwrap_or(5_000))
+    }
+
     /// Writes the index entry of `record` (if it is due at some point)
     /// before the conditional write that makes it so; returns where.
-    pub(super) async fn index_put(
-        &self,
-        record: &Record,
-        now_ms: i64,
-    ) -> StoreResult<Option<Slot>> {
+    pub(super) async fn put(&self, record: &Record, now_ms: i64) -> StoreResult<Option<Slot>> {
         let Some(due) = record.pending_since_ms() else {
             return Ok(None);
         };
@@ -251,7 +274,7 @@ impl CqlStore {
             .map_err(|e| unavailable("pending cursor write", e))?;
         // Applied, or the row was there: either way it exists. Its current
         // watermark comes back with a failed `IF NOT EXISTS`.
-        let rows = super::rows::named_rows(result)?;
+        let rows = rows::named_rows(result)?;
         let watermark = rows
             .first()
             .and_then(|row| match row.get("watermark") {
@@ -261,357 +284,5 @@ impl CqlStore {
             .unwrap_or(initial);
         self.tenants.saw_watermark(tenant, watermark);
         Ok(())
-    }
-
-    /// Where the entry of a record in `state`, due at `due`, may be. An
-    /// IN_PROGRESS entry due long enough ago may have been moved to
-    /// `pending_overdue` by the sealer, so it is looked for there too.
-    fn slots_of(&self, state: RecordState, due: i64, now_ms: i64) -> Vec<Slot> {
-        let mut slots = Vec::with_capacity(2);
-        if state == RecordState::InProgress {
-            slots.push(Slot::Bucket(bucket_of(due)));
-            if due <= now_ms - self.timing.grace_ms / 2 {
-                slots.push(Slot::Overdue);
-            }
-        } else {
-            slots.push(Slot::Overdue);
-        }
-        slots
-    }
-
-    /// Best effort: deletes one entry from `slots`; failures are logged at
-    /// debug and left for readers.
-    pub(super) async fn index_delete(&self, id: &RecordKey, due: i64, slots: &[Slot]) {
-        self.cleaner().delete(id, due, slots).await;
-    }
-
-    /// What deletes index entries, detached from this store's lifetime.
-    fn cleaner(&self) -> Cleaner {
-        Cleaner {
-            session: Arc::clone(&self.session),
-            bucket_delete: self.statements.bucket_delete.clone(),
-            overdue_delete: self.statements.overdue_delete.clone(),
-        }
-    }
-
-    /// After a write that replaced a record in `old_state`, due at
-    /// `old_due`, by `new` (or deleted it): drop the entry that no longer
-    /// describes the record. An entry at the same due instant may be the
-    /// new record's own (same clustering key), so then only the other
-    /// table's copy is dropped.
-    pub(super) async fn index_after_write(
-        &self,
-        id: &RecordKey,
-        old: (RecordState, Option<i64>),
-        new: Option<&Record>,
-        now_ms: i64,
-    ) {
-        if let Some((due, slots)) = self.stale_after_write(old, new, now_ms) {
-            self.index_delete(id, due, &slots).await;
-        }
-    }
-
-    /// [`CqlStore::index_after_write`] off the reply path, for a write
-    /// that made the record COMPLETED: the caller's answer does not wait
-    /// for a cleanup that only saves readers a verification. Only then,
-    /// because a completed record never enters the index again under the
-    /// entry it leaves (it can be claimed again only once expired, with a
-    /// later due instant), so the late delete can never remove a newer
-    /// entry with the same primary key (writes here carry server
-    /// timestamps: the later arrival wins). A crash before the delete lands
-    /// leaves a stale entry, as any failed cleanup does. At most
-    /// [`DETACHED_CLEANUPS`] run at once; past that the caller waits, so an
-    /// overloaded cluster slows the replies instead of growing a queue.
-    pub(super) async fn index_after_completion(
-        &self,
-        id: &RecordKey,
-        old: (RecordState, Option<i64>),
-        new: &Record,
-        now_ms: i64,
-    ) {
-        debug_assert_eq!(new.state, RecordState::Completed);
-        let Some((due, slots)) = self.stale_after_write(old, Some(new), now_ms) else {
-            return;
-        };
-        let Ok(permit) = Arc::clone(&self.cleanups).try_acquire_owned() else {
-            self.index_delete(id, due, &slots).await;
-            return;
-        };
-        let cleaner = self.cleaner();
-        let id = id.clone();
-        tokio::spawn(async move {
-            cleaner.delete(&id, due, &slots).await;
-            drop(permit);
-        });
-    }
-
-    /// Waits (at most `limit`) for the detached cleanups in flight, so a
-    /// graceful stop leaves no stale entry behind.
-    pub(super) async fn drain_cleanups(&self, limit: Duration) {
-        let all = u32::try_from(DETACHED_CLEANUPS).unwrap_or(u32::MAX);
-        let drained = tokio::time::timeout(limit, self.cleanups.acquire_many(all)).await;
-        if drained.is_err() {
-            tracing::debug!("pending index cleanups still in flight at close; readers drop them");
-        }
-    }
-
-    /// The entries made stale by a write (see
-    /// [`CqlStore::index_after_write`]): the old due instant and its slots.
-    fn stale_after_write(
-        &self,
-        (old_state, old_due): (RecordState, Option<i64>),
-        new: Option<&Record>,
-        now_ms: i64,
-    ) -> Option<(i64, Vec<Slot>)> {
-        let old_due = old_due?;
-        match new.filter(|new| new.pending_since_ms() == Some(old_due)) {
-            None => Some((old_due, self.slots_of(old_state, old_due, now_ms))),
-            Some(new)
-                if old_state == RecordState::InProgress && new.state != RecordState::InProgress =>
-            {
-                Some((old_due, vec![Slot::Bucket(bucket_of(old_due))]))
-            }
-            // Same table, same row: the new entry is the old one.
-            Some(_) => None,
-        }
-    }
-}
-
-/// Detached index cleanups in flight at most (see
-/// [`CqlStore::index_after_completion`]): far above what one replica's
-/// completions keep in flight while the cluster answers in milliseconds.
-pub(super) const DETACHED_CLEANUPS: usize = 1024;
-
-/// What an index delete needs, owned, so it can outlive the request that
-/// started it.
-pub(super) struct Cleaner {
-    /// The store's session.
-    session: Arc<Session>,
-    /// `pending_buckets` delete.
-    bucket_delete: PreparedStatement,
-    /// `pending_overdue` delete.
-    overdue_delete: PreparedStatement,
-}
-
-impl Cleaner {
-    /// Best effort: deletes the entry (`due`, endpoint, key) from each of
-    /// `slots`; failures are logged at debug and left for readers.
-    async fn delete(&self, id: &RecordKey, due: i64, slots: &[Slot]) {
-        let shard = shard_of(&id.endpoint, &id.key);
-        for slot in slots {
-            let result = match slot {
-                Slot::Bucket(bucket) => {
-                    self.session
-                        .execute_unpaged(
-                            &self.bucket_delete,
-                            (&id.tenant, *bucket, shard, due, &id.endpoint, &id.key),
-                        )
-                        .await
-                }
-                Slot::Overdue => {
-                    self.session
-                        .execute_unpaged(
-                            &self.overdue_delete,
-                            (&id.tenant, shard, due, &id.endpoint, &id.key),
-                        )
-                        .await
-                }
-            };
-            if let Err(error) = result {
-                tracing::debug!(%error, "pending index cleanup failed; left for lazy removal");
-            }
-        }
-    }
-}
-
-/// Where a new entry goes: FAILED/UNKNOWN entries (due at once) to the
-/// overdue partition; IN_PROGRESS ones to their bucket, unless their due
-/// instant is within a step of the last watermark seen (a writer whose clock
-/// lags the sealer's), where the bucket may be sealed before they land.
-fn slot_for_put(state: RecordState, due: i64, watermark: i64, step_ms: i64) -> Slot {
-    if state != RecordState::InProgress || due < watermark.saturating_add(step_ms) {
-        Slot::Overdue
-    } else {
-        Slot::Bucket(bucket_of(due))
-    }
-}
-
-/// What an index entry says about its record.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum EntryVerdict {
-    /// The record is due and this is its entry.
-    Pending,
-    /// The entry no longer describes the record: delete it.
-    Stale,
-    /// Not due, but a write may be in flight: leave it.
-    Keep,
-}
-
-pub(super) fn classify_entry(due: i64, record: Option<&Record>, now_ms: i64) -> EntryVerdict {
-    let old_enough = due < now_ms - INDEX_GRACE_MS;
-    match record {
-        Some(record) if record.state == RecordState::Completed => EntryVerdict::Stale,
-        Some(record) => match record.pending_since_ms() {
-            Some(since) if since == due && record.needs_decision(now_ms) => EntryVerdict::Pending,
-            // The record moved past this entry (a later due instant, written
-            // before the write that set it).
-            Some(since) if since > due => EntryVerdict::Stale,
-            _ if old_enough => EntryVerdict::Stale,
-            _ => EntryVerdict::Keep,
-        },
-        // Absent: released, expired, or a claim still in flight.
-        None if old_enough => EntryVerdict::Stale,
-        None => EntryVerdict::Keep,
-    }
-}
-
-pub(super) fn index_entry(row: &NamedRow) -> StoreResult<(i64, String, String)> {
-    let bad = || StoreError::Corrupt("malformed pending index entry".to_string());
-    let due = match row.get("due_at") {
-        Some(Some(CqlValue::BigInt(due))) => *due,
-        _ => return Err(bad()),
-    };
-    let text = |name: &str| match row.get(name) {
-        Some(Some(CqlValue::Text(value))) => Ok(value.clone()),
-        _ => Err(bad()),
-    };
-    Ok((due, text("endpoint")?, text("key")?))
-}
-
-/// A ListPending page token of this backend: `day (i32) | due_at (i64,
-/// sign bit flipped) | endpoint | key`, big-endian, strings as a u16 length
-/// and their bytes. Opaque to callers and owned here: no other backend
-/// reads it. (Byte-identical to the tokens of 0.1.0, which borrowed the
-/// embedded store's pending-key encoding, so pages in flight across an
-/// upgrade keep working.)
-pub(super) fn encode_token(day: i32, cursor: &(i64, String, String)) -> Vec<u8> {
-    let (due, endpoint, key) = cursor;
-    let mut out = Vec::with_capacity(16 + endpoint.len() + key.len());
-    out.extend_from_slice(&day.to_be_bytes());
-    out.extend_from_slice(&((*due as u64) ^ (1 << 63)).to_be_bytes());
-    for part in [endpoint, key] {
-        // Endpoints and keys are validated far below 64 KiB.
-        let len = u16::try_from(part.len()).unwrap_or(u16::MAX);
-        out.extend_from_slice(&len.to_be_bytes());
-        out.extend_from_slice(&part.as_bytes()[..usize::from(len)]);
-    }
-    out
-}
-
-/// Inverse of [`encode_token`]; `None` for anything it did not make.
-pub(super) fn decode_token(token: &[u8]) -> Option<(i32, (i64, String, String))> {
-    fn take_text(input: &mut &[u8]) -> Option<String> {
-        let (len, rest) = input.split_first_chunk::<2>()?;
-        let len = usize::from(u16::from_be_bytes(*len));
-        if rest.len() < len {
-            return None;
-        }
-        let (text, rest) = rest.split_at(len);
-        *input = rest;
-        String::from_utf8(text.to_vec()).ok()
-    }
-    let (day, rest) = token.split_first_chunk::<4>()?;
-    let (due, mut rest) = rest.split_first_chunk::<8>()?;
-    let due = (u64::from_be_bytes(*due) ^ (1 << 63)) as i64;
-    let endpoint = take_text(&mut rest)?;
-    let key = take_text(&mut rest)?;
-    rest.is_empty()
-        .then(|| (i32::from_be_bytes(*day), (due, endpoint, key)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::RecordKey;
-
-    fn record(state: RecordState, lease: i64, updated: i64) -> Record {
-        Record {
-            id: RecordKey {
-                tenant: "t".into(),
-                endpoint: "e".into(),
-                key: "k".into(),
-            },
-            state,
-            fingerprint: vec![],
-            attempt: 1,
-            lease_token: "tok".into(),
-            attempt_id: String::new(),
-            created_at_ms: 0,
-            updated_at_ms: updated,
-            lease_expires_at_ms: lease,
-            completed_at_ms: None,
-            expires_at_ms: i64::MAX,
-            response: None,
-            reason: String::new(),
-        }
-    }
-
-    #[test]
-    fn index_entries_are_verified_against_records() {
-        let now = 1_000_000;
-        let expired_lease = record(RecordState::InProgress, 900_000, 0);
-        assert_eq!(
-            classify_entry(900_000, Some(&expired_lease), now),
-            EntryVerdict::Pending
-        );
-        // An older lease entry after ExtendLease moved it.
-        let extended = record(RecordState::InProgress, 990_000, 0);
-        assert_eq!(
-            classify_entry(900_000, Some(&extended), now),
-            EntryVerdict::Stale
-        );
-        // An entry written for an extension whose write has not landed yet.
-        let not_yet = record(RecordState::InProgress, 800_000, 0);
-        assert_eq!(
-            classify_entry(999_000, Some(&not_yet), now),
-            EntryVerdict::Keep
-        );
-        assert_eq!(
-            classify_entry(999_000 - INDEX_GRACE_MS - 1, Some(&not_yet), now + 200_000),
-            EntryVerdict::Stale
-        );
-        let done = record(RecordState::Completed, 900_000, 950_000);
-        assert_eq!(
-            classify_entry(900_000, Some(&done), now),
-            EntryVerdict::Stale
-        );
-        let unknown = record(RecordState::Unknown, 900_000, 950_000);
-        assert_eq!(
-            classify_entry(950_000, Some(&unknown), now),
-            EntryVerdict::Pending
-        );
-        assert_eq!(
-            classify_entry(900_000, Some(&unknown), now),
-            EntryVerdict::Stale
-        );
-        // Absent record: a claim may be in flight, unless the entry is old.
-        assert_eq!(classify_entry(999_000, None, now), EntryVerdict::Keep);
-        assert_eq!(
-            classify_entry(now - INDEX_GRACE_MS - 1, None, now),
-            EntryVerdict::Stale
-        );
-    }
-
-    #[test]
-    fn page_tokens_round_trip_and_reject_garbage() {
-        let cursor = (123_456, "POST /x".to_string(), "k-1".to_string());
-        assert_eq!(
-            decode_token(&encode_token(20_000, &cursor)),
-            Some((20_000, cursor))
-        );
-        assert_eq!(decode_token(&[1, 2]), None);
-        assert_eq!(decode_token(&[0, 0, 0, 1, 9]), None);
-        // A token as 0.1.0 wrote it still decodes: day 1, due 2, "e", "k".
-        let v010 = [
-            0, 0, 0, 1, 0x80, 0, 0, 0, 0, 0, 0, 2, 0, 1, b'e', 0, 1, b'k',
-        ];
-        assert_eq!(
-            decode_token(&v010),
-            Some((1, (2, "e".to_string(), "k".to_string())))
-        );
-        assert_eq!(encode_token(1, &(2, "e".into(), "k".into())), v010);
-        let mut trailing = v010.to_vec();
-        trailing.push(0);
-        assert_eq!(decode_token(&trailing), None);
     }
 }

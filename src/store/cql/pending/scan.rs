@@ -6,22 +6,22 @@
 //! overdue partitions, each a paged slice starting at the page cursor (and
 //! never below the watermark), merged and cut where every source agrees
 //! that nothing smaller is left. Entries are then verified against
-//! `records`, concurrently, like before.
+//! `records`, concurrently; a stale one is deleted on the way. The price
+//! of a step: the 8 overdue slices plus 8 per bucket (up to
+//! [`BUCKETS_PER_STEP`]), and one record read per entry.
 
 use futures::future::join_all;
 use scylla::response::PagingState;
 use scylla::statement::prepared::PreparedStatement;
 use std::ops::ControlFlow;
 
-use super::super::{CqlStore, day_of, rows, unavailable};
-use super::{
-    BUCKET_MS, EntryVerdict, SHARDS, Slot, bucket_of, classify_entry, decode_token, encode_token,
-    index_entry,
+use super::super::records::Records;
+use super::super::session::{day_of, rows, unavailable};
+use super::entry::{
+    Entry, EntryVerdict, Slot, bucket_of, classify_entry, decode_token, encode_token, index_entry,
 };
+use super::{BUCKET_MS, PendingIndex, SHARDS};
 use crate::store::{PendingPage, PendingQuery, RecordKey, StoreError, StoreResult};
-
-/// One index entry: `(due_at, endpoint, key)`, in the index's order.
-pub(in crate::store::cql) type Entry = (i64, String, String);
 
 /// Most steps ([`BUCKETS_PER_STEP`] buckets each) one ListPending call
 /// takes before it returns (possibly an empty page with a token): a
@@ -49,11 +49,11 @@ struct Source {
 /// Candidates of one step: entries in order with every slot holding them.
 type Candidates = Vec<(Entry, Vec<Slot>)>;
 
-impl CqlStore {
+impl PendingIndex {
     /// Up to `limit` entries of one slice, following the driver's paging
     /// (through empty pages: ScyllaDB ends a page early at its tombstone
     /// limit); `exhausted` when the slice has no more.
-    pub(in crate::store::cql) async fn read_slice(
+    pub(super) async fn read_slice(
         &self,
         statement: &PreparedStatement,
         values: impl scylla::serialize::row::SerializeRow,
@@ -82,8 +82,9 @@ impl CqlStore {
     }
 
     /// ListPending: see the module docs.
-    pub(in crate::store::cql) async fn scan_pending(
+    pub(in crate::store::cql) async fn list(
         &self,
+        records: &Records,
         query: &PendingQuery,
         now_ms: i64,
     ) -> StoreResult<PendingPage> {
@@ -122,7 +123,7 @@ impl CqlStore {
                     key: entry.2.clone(),
                 };
                 async move {
-                    let record = self.read(&id, false).await;
+                    let record = records.read(&id, false).await;
                     (entry, slots, id, record)
                 }
             });
@@ -147,7 +148,7 @@ impl CqlStore {
                             page.records.push(record);
                         }
                     }
-                    EntryVerdict::Stale => self.index_delete(&id, due, &slots).await,
+                    EntryVerdict::Stale => self.delete(&id, due, &slots).await,
                     EntryVerdict::Keep => {}
                 }
                 if page.records.len() >= query.page_size || scanned >= scan_limit {
@@ -175,8 +176,8 @@ impl CqlStore {
 
     /// One step of the merge: the next entries after `start`, in order,
     /// from the overdue partitions and the buckets from the one holding
-    /// `floor` (raised to the watermark). Returns them, whether nothing is left at all, and
-    /// the floor of the next step.
+    /// `floor` (raised to the watermark). Returns them, whether nothing is
+    /// left at all, and the floor of the next step.
     async fn candidates(
         &self,
         tenant: &str,

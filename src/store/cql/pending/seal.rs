@@ -28,9 +28,12 @@ use futures::future::join_all;
 use scylla::response::PagingState;
 use scylla::value::CqlValue;
 
-use super::super::{CqlStore, crash_point_in, rows, ttl_seconds, unavailable};
-use super::{BUCKET_MS, EntryVerdict, SHARDS, bucket_of, classify_entry, shard_of};
-use crate::store::{PendingCounts, RecordKey, StoreError, StoreResult, count_pending};
+use super::super::crash::crash_point_in;
+use super::super::records::Records;
+use super::super::session::{rows, ttl_seconds, unavailable};
+use super::entry::{EntryVerdict, bucket_of, classify_entry, shard_of};
+use super::{BUCKET_MS, PendingIndex, SHARDS};
+use crate::store::{PendingCounts, RecordKey, Store, StoreError, StoreResult, count_pending};
 
 /// How often the sealer recounts a tenant's pending records (the gauges'
 /// source): as often as the gauges refresh.
@@ -38,7 +41,7 @@ const SUMMARY_EVERY_MS: i64 = 15_000;
 
 /// Most pending records one count reads (the gauges saturate beyond it,
 /// and say so with `summary_truncated`).
-pub(in crate::store::cql) const SUMMARY_MAX_RECORDS: usize = 10_000;
+const SUMMARY_MAX_RECORDS: usize = 10_000;
 
 /// Most buckets one advance seals: a watermark left far behind (every
 /// replica down for a while) catches up over several passes of bounded
@@ -47,7 +50,7 @@ const MAX_BUCKETS_PER_ADVANCE: i64 = 90;
 
 /// A tenant's `pending_cursor` row.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(in crate::store::cql) struct Cursor {
+pub(super) struct Cursor {
     /// Whose.
     pub tenant: String,
     /// Buckets below it are sealed; readers start here.
@@ -102,12 +105,9 @@ fn signed(count: u64) -> i64 {
     i64::try_from(count).unwrap_or(i64::MAX)
 }
 
-impl CqlStore {
+impl PendingIndex {
     /// The tenant's cursor row, `None` before its first index write.
-    pub(in crate::store::cql) async fn read_cursor(
-        &self,
-        tenant: &str,
-    ) -> StoreResult<Option<Cursor>> {
+    pub(super) async fn read_cursor(&self, tenant: &str) -> StoreResult<Option<Cursor>> {
         let result = self
             .session
             .execute_unpaged(&self.statements.cursor_read, (tenant,))
@@ -147,13 +147,25 @@ impl CqlStore {
     /// host's wall clock: an engine clock running ahead (a test's manual
     /// clock) is a replica skewed ahead, and sealing from it would seal
     /// buckets other replicas still write.
-    pub(in crate::store::cql) async fn seal_all(&self, now_ms: i64) -> StoreResult<SealReport> {
+    ///
+    /// Entries are verified against `records`; the gauges' summary is what
+    /// [`count_pending`] finds through `store`'s ListPending (this index's
+    /// store), the count the engine makes for a backend without one.
+    pub(in crate::store::cql) async fn seal_all(
+        &self,
+        records: &Records,
+        store: &dyn Store,
+        now_ms: i64,
+    ) -> StoreResult<SealReport> {
         let now_ms = now_ms.min(crate::clock::Clock::now_ms(&crate::clock::SystemClock));
         let mut report = SealReport::default();
         let mut first_error = None;
         for cursor in self.all_cursors().await? {
             self.tenants.saw_watermark(&cursor.tenant, cursor.watermark);
-            match self.seal_tenant(&cursor, now_ms, &mut report).await {
+            match self
+                .seal_tenant(records, store, &cursor, now_ms, &mut report)
+                .await
+            {
                 Ok(()) => {}
                 Err(error) => {
                     tracing::warn!(%error, "sealing a tenant's pending index failed");
@@ -167,9 +179,28 @@ impl CqlStore {
         }
     }
 
-    /// One tenant's advance (see the module docs), at `now_ms` as given.
-    pub(in crate::store::cql) async fn seal_tenant(
+    /// [`PendingIndex::seal_all`] for one tenant, at `now_ms` exactly (no
+    /// wall clock cap); nothing when the tenant has no cursor yet.
+    pub(in crate::store::cql) async fn seal_one(
         &self,
+        records: &Records,
+        store: &dyn Store,
+        tenant: &str,
+        now_ms: i64,
+    ) -> StoreResult<SealReport> {
+        let mut report = SealReport::default();
+        if let Some(cursor) = self.read_cursor(tenant).await? {
+            self.seal_tenant(records, store, &cursor, now_ms, &mut report)
+                .await?;
+        }
+        Ok(report)
+    }
+
+    /// One tenant's advance (see the module docs), at `now_ms` as given.
+    async fn seal_tenant(
+        &self,
+        records: &Records,
+        store: &dyn Store,
         cursor: &Cursor,
         now_ms: i64,
         report: &mut SealReport,
@@ -187,12 +218,12 @@ impl CqlStore {
             return Ok(());
         }
         report.moved += self
-            .move_to_overdue(&cursor.tenant, old, target, now_ms)
+            .move_to_overdue(records, &cursor.tenant, old, target, now_ms)
             .await?;
         crash_point_in("seal-after-move", &cursor.tenant);
         let summary = match cursor.summary_at {
             Some(at) if now_ms - at < SUMMARY_EVERY_MS => None,
-            _ => Some(count_pending(self, &cursor.tenant, now_ms, SUMMARY_MAX_RECORDS).await?),
+            _ => Some(count_pending(store, &cursor.tenant, now_ms, SUMMARY_MAX_RECORDS).await?),
         };
         let result = match &summary {
             None => {
@@ -262,6 +293,7 @@ impl CqlStore {
     /// into `pending_overdue`; returns how many.
     async fn move_to_overdue(
         &self,
+        records: &Records,
         tenant: &str,
         from: i64,
         to: i64,
@@ -286,7 +318,7 @@ impl CqlStore {
                 endpoint,
                 key,
             };
-            let record = self.read(&id, false).await;
+            let record = records.read(&id, false).await;
             (due, id, record)
         });
         let mut copies = HashMap::new();

@@ -1,6 +1,12 @@
-//! What a failed statement says about its outcome: rejected before it
-//! could apply, or sent and not confirmed (resolved by a SERIAL read, see
-//! the module docs of `store::cql`, "Uncertain outcomes").
+//! What a failed record LWT says about its outcome: rejected before it
+//! could apply, or sent and not confirmed. The first is an error the caller
+//! may retry; the second is resolved by a SERIAL read ([`super`], "Uncertain
+//! outcomes"), never guessed. Only the record LWTs need the distinction: the
+//! pending index's writes are plain (a retry is harmless) and a failed
+//! cursor LWT is simply tried again at the next step, so they map any
+//! failure to `StoreError::Unavailable`. The table is apart from the code
+//! that acts on it because it follows the driver's error types and changes
+//! with them.
 
 use scylla::errors::{DbError, ExecutionError, RequestAttemptError, WriteType};
 use scylla::statement::Consistency;

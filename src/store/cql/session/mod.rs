@@ -1,5 +1,14 @@
-//! Connecting to the cluster: the options (each default defined here, once),
-//! their validation, TLS and the driver session.
+//! A session on the cluster and what every user of one shares: the options
+//! (each default defined here, once), their validation, TLS, the driver
+//! session, result rows read by column name ([`rows`]) and time in CQL
+//! terms (day partitions, row TTLs).
+//!
+//! Public on purpose, and narrow: the audit log (`audit::cql`) opens its
+//! own session with the store's options and reads its rows the same way,
+//! without reaching into the record store or its pending index. Nothing
+//! here knows a table of idemd's.
+
+pub mod rows;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -89,6 +98,29 @@ pub const DEFAULT_KEYSPACE: &str = "idemd";
 /// Default client-side timeout of each statement.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Default of `--cql-seal-grace`: how far behind the clock the pending
+/// index's watermark is kept. Must exceed the worst clock skew between
+/// replicas plus the latency of one index write (at most the request
+/// timeout, 5 s by default).
+pub const DEFAULT_SEAL_GRACE: Duration = Duration::from_secs(15);
+
+/// Milliseconds in a day: the width of one partition of the audit tables
+/// and of migration 1's pending index.
+pub const DAY_MS: i64 = 86_400_000;
+
+/// The day partition holding `instant_ms`.
+pub fn day_of(instant_ms: i64) -> i32 {
+    i32::try_from(instant_ms.div_euclid(DAY_MS)).unwrap_or(i32::MAX)
+}
+
+/// The `USING TTL` of a row that must live until `expires_at_ms`: rounded
+/// up, so the row outlives it (reads hide it from then on), and never zero
+/// (zero means no TTL).
+pub(super) fn ttl_seconds(expires_at_ms: i64, now_ms: i64) -> i32 {
+    let remaining_ms = (expires_at_ms - now_ms).max(1);
+    i32::try_from((remaining_ms + 999) / 1000).unwrap_or(i32::MAX)
+}
+
 impl CqlOptions {
     /// Checks the options; the error names the flag's field
     /// (`keyspace`, `cql_nodes`, ...) and says what is wrong.
@@ -140,7 +172,7 @@ impl CqlOptions {
             lwt_timeout: None,
             // The default policy's max_ttl (`engine::Policy`); tests use it.
             max_ttl: Duration::from_secs(7 * 24 * 3600),
-            seal_grace: super::DEFAULT_SEAL_GRACE,
+            seal_grace: DEFAULT_SEAL_GRACE,
         }
     }
 }
@@ -222,7 +254,7 @@ pub async fn connect(options: &CqlOptions) -> StoreResult<Session> {
         .request_timeout(Some(options.request_timeout))
         .load_balancing_policy(policy.build())
         // Only statements marked idempotent (reads and the index's plain
-        // writes, see `statements`) are ever sent twice.
+        // writes, see `store::cql::statements`) are ever sent twice.
         .speculative_execution_policy(Some(Arc::new(SimpleSpeculativeExecutionPolicy {
             max_retry_count: 2,
             retry_interval: SPECULATIVE_AFTER,
@@ -246,4 +278,16 @@ pub async fn connect(options: &CqlOptions) -> StoreResult<Session> {
             e,
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_covers_the_remaining_window() {
+        assert_eq!(ttl_seconds(10_000, 0), 10);
+        assert_eq!(ttl_seconds(10_001, 0), 11);
+        assert_eq!(ttl_seconds(5, 10), 1, "never zero (zero means no TTL)");
+    }
 }

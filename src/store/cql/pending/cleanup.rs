@@ -1,0 +1,190 @@
+//! Deleting the entries a record write made stale: which ones (the old due
+//! instant, in whichever table it may be), and the [`Cleaner`] that deletes
+//! them, on the reply path or after it.
+//!
+//! Every delete is best effort: a failed one leaves an entry that readers
+//! verify against `records` and drop, so a cleanup never fails a request.
+//! Cleanups after a completion run off the reply path, at most
+//! [`DETACHED_CLEANUPS`] at once, and [`PendingIndex::drain`] waits for
+//! them at a graceful stop.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use scylla::client::session::Session;
+use scylla::statement::prepared::PreparedStatement;
+use tokio::sync::Semaphore;
+
+use super::PendingIndex;
+use super::entry::{Slot, bucket_of, shard_of};
+use crate::store::{Record, RecordKey, RecordState};
+
+/// Detached index cleanups in flight at most (see
+/// [`PendingIndex::after_completion`]): far above what one replica's
+/// completions keep in flight while the cluster answers in milliseconds.
+const DETACHED_CLEANUPS: usize = 1024;
+
+/// What deletes index entries, owned, so a delete can outlive the request
+/// that started it.
+#[derive(Clone)]
+pub(super) struct Cleaner {
+    /// The store's session.
+    session: Arc<Session>,
+    /// `pending_buckets` delete.
+    bucket_delete: PreparedStatement,
+    /// `pending_overdue` delete.
+    overdue_delete: PreparedStatement,
+    /// Permits of the cleanups that run after the reply.
+    detached: Arc<Semaphore>,
+}
+
+impl Cleaner {
+    /// A cleaner with every detached permit free.
+    pub(super) fn new(
+        session: Arc<Session>,
+        bucket_delete: PreparedStatement,
+        overdue_delete: PreparedStatement,
+    ) -> Self {
+        Self {
+            session,
+            bucket_delete,
+            overdue_delete,
+            detached: Arc::new(Semaphore::new(DETACHED_CLEANUPS)),
+        }
+    }
+
+    /// Best effort: deletes the entry (`due`, endpoint, key) from each of
+    /// `slots`; failures are logged at debug and left for readers.
+    pub(super) async fn delete(&self, id: &RecordKey, due: i64, slots: &[Slot]) {
+        let shard = shard_of(&id.endpoint, &id.key);
+        for slot in slots {
+            let result = match slot {
+                Slot::Bucket(bucket) => {
+                    self.session
+                        .execute_unpaged(
+                            &self.bucket_delete,
+                            (&id.tenant, *bucket, shard, due, &id.endpoint, &id.key),
+                        )
+                        .await
+                }
+                Slot::Overdue => {
+                    self.session
+                        .execute_unpaged(
+                            &self.overdue_delete,
+                            (&id.tenant, shard, due, &id.endpoint, &id.key),
+                        )
+                        .await
+                }
+            };
+            if let Err(error) = result {
+                tracing::debug!(%error, "pending index cleanup failed; left for lazy removal");
+            }
+        }
+    }
+}
+
+impl PendingIndex {
+    /// Best effort: deletes one entry from `slots`; failures are logged at
+    /// debug and left for readers.
+    pub(in crate::store::cql) async fn delete(&self, id: &RecordKey, due: i64, slots: &[Slot]) {
+        self.cleaner.delete(id, due, slots).await;
+    }
+
+    /// After a write that replaced a record in `old_state`, due at
+    /// `old_due`, by `new` (or deleted it): drop the entry that no longer
+    /// describes the record. An entry at the same due instant may be the
+    /// new record's own (same clustering key), so then only the other
+    /// table's copy is dropped.
+    pub(in crate::store::cql) async fn after_write(
+        &self,
+        id: &RecordKey,
+        old: (RecordState, Option<i64>),
+        new: Option<&Record>,
+        now_ms: i64,
+    ) {
+        if let Some((due, slots)) = self.stale_after_write(old, new, now_ms) {
+            self.delete(id, due, &slots).await;
+        }
+    }
+
+    /// [`PendingIndex::after_write`] off the reply path, for a write that
+    /// made the record COMPLETED: the caller's answer does not wait for a
+    /// cleanup that only saves readers a verification. Only then, because
+    /// a completed record never enters the index again under the entry it
+    /// leaves (it can be claimed again only once expired, with a later due
+    /// instant), so the late delete can never remove a newer entry with the
+    /// same primary key (writes here carry server timestamps: the later
+    /// arrival wins). A crash before the delete lands leaves a stale entry,
+    /// as any failed cleanup does. At most [`DETACHED_CLEANUPS`] run at
+    /// once; past that the caller waits, so an overloaded cluster slows the
+    /// replies instead of growing a queue.
+    pub(in crate::store::cql) async fn after_completion(
+        &self,
+        id: &RecordKey,
+        old: (RecordState, Option<i64>),
+        new: &Record,
+        now_ms: i64,
+    ) {
+        debug_assert_eq!(new.state, RecordState::Completed);
+        let Some((due, slots)) = self.stale_after_write(old, Some(new), now_ms) else {
+            return;
+        };
+        let Ok(permit) = Arc::clone(&self.cleaner.detached).try_acquire_owned() else {
+            self.delete(id, due, &slots).await;
+            return;
+        };
+        let cleaner = self.cleaner.clone();
+        let id = id.clone();
+        tokio::spawn(async move {
+            cleaner.delete(&id, due, &slots).await;
+            drop(permit);
+        });
+    }
+
+    /// Waits (at most `limit`) for the detached cleanups in flight, so a
+    /// graceful stop leaves no stale entry behind.
+    pub(in crate::store::cql) async fn drain(&self, limit: Duration) {
+        let all = u32::try_from(DETACHED_CLEANUPS).unwrap_or(u32::MAX);
+        let drained = tokio::time::timeout(limit, self.cleaner.detached.acquire_many(all)).await;
+        if drained.is_err() {
+            tracing::debug!("pending index cleanups still in flight at close; readers drop them");
+        }
+    }
+
+    /// The entries made stale by a write (see [`PendingIndex::after_write`]):
+    /// the old due instant and its slots.
+    fn stale_after_write(
+        &self,
+        (old_state, old_due): (RecordState, Option<i64>),
+        new: Option<&Record>,
+        now_ms: i64,
+    ) -> Option<(i64, Vec<Slot>)> {
+        let old_due = old_due?;
+        match new.filter(|new| new.pending_since_ms() == Some(old_due)) {
+            None => Some((old_due, self.slots_of(old_state, old_due, now_ms))),
+            Some(new)
+                if old_state == RecordState::InProgress && new.state != RecordState::InProgress =>
+            {
+                Some((old_due, vec![Slot::Bucket(bucket_of(old_due))]))
+            }
+            // Same table, same row: the new entry is the old one.
+            Some(_) => None,
+        }
+    }
+
+    /// Where the entry of a record in `state`, due at `due`, may be. An
+    /// IN_PROGRESS entry due long enough ago may have been moved to
+    /// `pending_overdue` by the sealer, so it is looked for there too.
+    fn slots_of(&self, state: RecordState, due: i64, now_ms: i64) -> Vec<Slot> {
+        let mut slots = Vec::with_capacity(2);
+        if state == RecordState::InProgress {
+            slots.push(Slot::Bucket(bucket_of(due)));
+            if due <= now_ms - self.timing.grace_ms / 2 {
+                slots.push(Slot::Overdue);
+            }
+        } else {
+            slots.push(Slot::Overdue);
+        }
+        slots
+    }
+}
