@@ -187,6 +187,14 @@ pub(super) struct PendingIndex {
     max_ttl_seconds: i32,
     /// Deletes stale entries, on the reply path or after it.
     cleaner: Cleaner,
+    /// Held while a tenant's cursor row is created, so that the first
+    /// claims of a tenant arriving together send one `IF NOT EXISTS` LWT
+    /// and wait for it, instead of each sending its own to the same
+    /// partition: N Paxos rounds contending on one row time out under load
+    /// (64 in flight on a busy node did), and each timeout failed a Claim.
+    /// One lock for every tenant: creation happens once per tenant and
+    /// process, and tenants are few.
+    cursor_creation: tokio::sync::Mutex<()>,
 }
 
 /// This process's name in the rows it writes for other replicas to read.
@@ -214,6 +222,7 @@ impl PendingIndex {
             replica: replica_name(),
             max_ttl_seconds: i32::try_from(options.max_ttl.as_secs()).unwrap_or(i32::MAX),
             cleaner,
+            cursor_creation: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -231,7 +240,11 @@ impl PendingIndex {
         let id = &record.id;
         let mut known = self.tenants.get(&id.tenant);
         if !known.cursor_ready {
-            self.create_cursor(&id.tenant, now_ms).await?;
+            let _creating = self.cursor_creation.lock().await;
+            // Another claim may have created it while this one waited.
+            if !self.tenants.get(&id.tenant).cursor_ready {
+                self.create_cursor(&id.tenant, now_ms).await?;
+            }
             known = self.tenants.get(&id.tenant);
         }
         let watermark = known.watermark;
