@@ -127,6 +127,27 @@ async fn session() -> scylla::client::session::Session {
         .expect("connect")
 }
 
+/// The first claims of a tenant arriving together create its cursor row
+/// with one LWT: each sending its own `IF NOT EXISTS` to the same partition
+/// made Paxos rounds contend, and under load they timed out and failed
+/// Claims (cql-scale-smoke). Fails with one creation per claim without the
+/// single flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_first_claims_create_its_cursor_once() {
+    let options = crate::cql_support::migrated_options().await;
+    let store = CqlStore::open(&options).await.expect("open");
+    let tenant = unique("first-claims");
+    let claims = (0..32).map(|i| {
+        let record = claim_at(&tenant, &format!("k{i}"), FUTURE, 2_000);
+        let store = &store;
+        async move { store.insert_if_absent(&record, FUTURE).await }
+    });
+    for outcome in futures::future::join_all(claims).await {
+        assert_eq!(outcome.expect("claim"), InsertOutcome::Inserted);
+    }
+    assert_eq!(store.cursors_created(), 1);
+}
+
 /// 200 claims over several buckets, all completed but three left stale and
 /// one UNKNOWN: sealing moves exactly the four to the overdue partitions,
 /// drops every bucket below the watermark (no row left in them), keeps

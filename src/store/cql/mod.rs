@@ -145,6 +145,12 @@ impl CqlStore {
         self.records.stats()
     }
 
+    /// How many `pending_cursor` rows this replica asked to create: one per
+    /// tenant it wrote for, however many of its first claims came at once.
+    pub fn cursors_created(&self) -> u64 {
+        self.index.cursors_created()
+    }
+
     /// One pass of the pending index's sealer over every tenant (what
     /// [`Store::maintain`] runs); public for the tests that drive it with
     /// their own clock.

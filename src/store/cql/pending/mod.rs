@@ -195,6 +195,9 @@ pub(super) struct PendingIndex {
     /// One lock for every tenant: creation happens once per tenant and
     /// process, and tenants are few.
     cursor_creation: tokio::sync::Mutex<()>,
+    /// Cursor rows this replica asked to create: one per tenant and
+    /// process when the creation is single-flight (tests check it).
+    cursors_created: std::sync::atomic::AtomicU64,
 }
 
 /// This process's name in the rows it writes for other replicas to read.
@@ -223,7 +226,14 @@ impl PendingIndex {
             max_ttl_seconds: i32::try_from(options.max_ttl.as_secs()).unwrap_or(i32::MAX),
             cleaner,
             cursor_creation: tokio::sync::Mutex::new(()),
+            cursors_created: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// How many cursor rows this replica asked to create.
+    pub(super) fn cursors_created(&self) -> u64 {
+        self.cursors_created
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How often the sealer should run: its step.
@@ -279,6 +289,8 @@ impl PendingIndex {
     /// watermark `grace` behind `now_ms`: below every due instant a claim
     /// can index (claims index `now + lease`).
     async fn create_cursor(&self, tenant: &str, now_ms: i64) -> StoreResult<()> {
+        self.cursors_created
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let initial = now_ms - self.timing.grace_ms;
         let result = self
             .session
