@@ -46,6 +46,17 @@ pub const EMBEDDED_WRITE: &str = "idemd_embedded_write_duration_seconds";
 /// Embedded store: duration of each checkpoint (the durable redb commit
 /// after which the write-ahead log is reused).
 pub const EMBEDDED_CHECKPOINT: &str = "idemd_embedded_checkpoint_duration_seconds";
+/// Embedded store: 1 once a block of the database file was found not to
+/// match its checksum (by a read or the scrub); the store then answers
+/// `DATA_LOSS` and its health is NOT_SERVING. Alert on it.
+pub const EMBEDDED_DAMAGED_BLOCKS: &str = "idemd_embedded_damaged_blocks";
+/// Embedded store: bytes of the database file the scrub has checked.
+pub const EMBEDDED_SCRUB_BYTES: &str = "idemd_embedded_scrub_bytes_total";
+/// Embedded store: scrub passes finished over the whole file.
+pub const EMBEDDED_SCRUB_PASSES: &str = "idemd_embedded_scrub_passes_total";
+/// Embedded store: when the last scrub pass finished (Unix seconds): an
+/// alert on its age catches a scrub that no longer finishes.
+pub const EMBEDDED_SCRUB_LAST_PASS: &str = "idemd_embedded_scrub_last_pass_timestamp_seconds";
 /// Store operations that failed, by backend and operation.
 pub const STORE_ERRORS: &str = "idemd_store_errors_total";
 /// Writes whose outcome was uncertain (then resolved or reported).
@@ -143,6 +154,22 @@ pub fn describe() {
         EMBEDDED_CHECKPOINT,
         metrics::Unit::Seconds,
         "Embedded store: duration of each checkpoint (durable redb commit)."
+    );
+    describe_gauge!(
+        EMBEDDED_DAMAGED_BLOCKS,
+        "1 once a block of the embedded store's file failed its checksum (the store answers DATA_LOSS)."
+    );
+    describe_counter!(
+        EMBEDDED_SCRUB_BYTES,
+        "Bytes of the embedded store's file checked by the scrub."
+    );
+    describe_counter!(
+        EMBEDDED_SCRUB_PASSES,
+        "Scrub passes finished over the embedded store's whole file."
+    );
+    describe_gauge!(
+        EMBEDDED_SCRUB_LAST_PASS,
+        "When the last scrub pass of the embedded store's file finished (Unix seconds)."
     );
     describe_counter!(
         RATE_LIMITED,

@@ -22,6 +22,8 @@
 //!   round-robin matrix, the report's files.
 //! * `scale`: `cql-scale`, one busy tenant's day on the CQL store.
 //! * `growth`: `growth`, one embedded store filled window after window.
+//! * `startup`: `startup`, restart time of the embedded store as it grows,
+//!   warm and with the page cache dropped.
 //! * `noop`: `noop-server`, the no-op gRPC baseline.
 //! * `upstream`: `upstream`, the proxy benchmark's HTTP upstream.
 //!
@@ -53,6 +55,7 @@ mod report;
 mod sampling;
 mod scale;
 mod servers;
+mod startup;
 mod suite;
 mod systems;
 mod targets;
@@ -92,6 +95,10 @@ enum Command {
     /// and the writer's stage breakdown per window; restart time and sweep
     /// cost at the end (issue 30, docs/benchmarks.md).
     Growth(growth::GrowthArgs),
+    /// Restart time of the embedded store at 10^5, 10^6 and 10^7 records:
+    /// warm, after kill -9 under load and after a clean stop with the page
+    /// cache dropped (issue 36, docs/benchmarks.md).
+    Startup(startup::StartupArgs),
     /// Serves the no-op baseline (canned responses); prints its address.
     NoopServer {
         /// Address to listen on (port 0 picks a free one).
@@ -117,7 +124,10 @@ fn main() -> ExitCode {
         Command::Compare(args) => args.common.pin,
         Command::Soak(args) => args.common.pin,
         Command::Growth(args) => args.pin,
-        Command::NoopServer { .. } | Command::Upstream { .. } | Command::CqlScale(_) => false,
+        Command::NoopServer { .. }
+        | Command::Upstream { .. }
+        | Command::CqlScale(_)
+        | Command::Startup(_) => false,
     };
     // Before the runtime exists, so that every thread it starts inherits
     // the client core.
@@ -142,6 +152,7 @@ fn main() -> ExitCode {
             Command::Soak(args) => suite::soak(args).await,
             Command::CqlScale(args) => scale::run(args).await,
             Command::Growth(args) => growth::run(args).await,
+            Command::Startup(args) => startup::run(args).await,
             Command::NoopServer { listen } => noop::serve(listen).await.map(|()| true),
             Command::Upstream { listen, work } => {
                 upstream::serve(listen, work.into()).await.map(|()| true)

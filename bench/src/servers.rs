@@ -70,6 +70,16 @@ impl Server {
     }
 }
 
+impl Server {
+    /// SIGKILL, as a crash would stop it; keeps its files (the restart
+    /// after it is what is measured).
+    pub async fn kill(mut self) -> Result<()> {
+        self.child.start_kill()?;
+        self.child.wait().await?;
+        Ok(())
+    }
+}
+
 /// A free loopback port (bound, then released for the server to take).
 pub fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;

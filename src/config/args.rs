@@ -463,6 +463,14 @@ pub struct ServerArgs {
     /// Page cache of the embedded store's database file, in bytes.
     #[arg(long, env = "IDEMD_STORE_CACHE_BYTES", default_value_t = embedded::DEFAULT_CACHE_BYTES)]
     pub store_cache_bytes: usize,
+    /// Embedded store: bytes per second the background scrub reads to check
+    /// every block of the database file; 0 turns it off (damage in a block
+    /// no request reads then goes unnoticed until one does).
+    #[arg(long, env = "IDEMD_STORE_SCRUB_RATE", default_value_t = embedded::DEFAULT_SCRUB_RATE)]
+    pub store_scrub_rate: u64,
+    /// Embedded store: pause between two scrub passes (one starts at open).
+    #[arg(long, env = "IDEMD_STORE_SCRUB_INTERVAL", default_value_t = embedded::DEFAULT_SCRUB_INTERVAL.into())]
+    pub store_scrub_interval: humantime::Duration,
     /// Prometheus `/metrics` address (separate from the gRPC port); `off`
     /// disables the exporter.
     #[arg(long, env = "IDEMD_METRICS_LISTEN", default_value = DEFAULT_METRICS_LISTEN)]

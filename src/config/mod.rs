@@ -232,6 +232,8 @@ pub struct Settings {
     pub cache_bytes: usize,
     /// Embedded store page cache size.
     pub store_cache_bytes: usize,
+    /// Embedded store: pace of the background check of every block.
+    pub store_scrub: embedded::ScrubOptions,
     /// Endpoint policies.
     pub policies: PolicySet,
     /// Prometheus exporter address; `None` disables it.
@@ -267,6 +269,7 @@ impl Settings {
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
             cache_bytes: DEFAULT_CACHE_BYTES,
             store_cache_bytes: embedded::DEFAULT_CACHE_BYTES,
+            store_scrub: embedded::ScrubOptions::default(),
             policies: PolicySet::default(),
             metrics_listen: None,
             metrics_label_caps: (DEFAULT_METRICS_MAX_LABELS, DEFAULT_METRICS_MAX_LABELS),
@@ -343,6 +346,10 @@ impl Settings {
             sweep_interval: args.sweep_interval.into(),
             cache_bytes: args.cache_bytes,
             store_cache_bytes: args.store_cache_bytes,
+            store_scrub: embedded::ScrubOptions {
+                rate: args.store_scrub_rate,
+                interval: args.store_scrub_interval.into(),
+            },
             policies,
             metrics_listen: optional_address("metrics_listen", &args.metrics_listen)?,
             metrics_label_caps: (args.metrics_max_tenants, args.metrics_max_endpoints),

@@ -221,6 +221,7 @@ async fn open_store_with(
         StoreSettings::Embedded => {
             let mut options = EmbeddedOptions::new(settings.data_dir.clone());
             options.cache_bytes = settings.store_cache_bytes;
+            options.scrub = settings.store_scrub;
             options.keyring = keyring;
             let store = tokio::task::spawn_blocking(move || EmbeddedStore::open(&options))
                 .await
@@ -519,6 +520,7 @@ where
     );
 
     let sweeper = tokio::spawn(sweep_forever(Arc::clone(&engine), settings.sweep_interval));
+    let damage_watch = tokio::spawn(not_serving_on_damage(Arc::clone(&store), health.clone()));
     let maintenance = engine
         .store_maintenance_interval()
         .map(|every| tokio::spawn(maintain_forever(Arc::clone(&engine), every)));
@@ -561,6 +563,7 @@ where
         };
         serving.abort_all();
         sweeper.abort();
+        damage_watch.abort();
         if let Some(task) = &maintenance {
             task.abort();
         }
@@ -650,6 +653,32 @@ async fn maintain_forever(engine: Arc<Engine>, interval: Duration) {
         ticker.tick().await;
         if let Err(error) = engine.maintain_store().await {
             tracing::warn!(%error, "store maintenance failed");
+        }
+    }
+}
+
+/// How often the store is asked whether it found damage in its files.
+const DAMAGE_WATCH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Turns health NOT_SERVING once the store finds damage in its files (it
+/// then answers every call with `DATA_LOSS`): load balancers stop sending
+/// traffic, and probes say why the node is out.
+async fn not_serving_on_damage(
+    store: Arc<dyn Store>,
+    health: tonic_health::server::HealthReporter,
+) {
+    let mut ticker = tokio::time::interval(DAMAGE_WATCH_INTERVAL);
+    loop {
+        ticker.tick().await;
+        if let Some(report) = store.damage() {
+            tracing::error!(%report, "store damaged: health NOT_SERVING, every call answers DATA_LOSS");
+            health
+                .set_service_status("", ServingStatus::NotServing)
+                .await;
+            health
+                .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
+                .await;
+            return;
         }
     }
 }

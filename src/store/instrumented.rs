@@ -130,6 +130,10 @@ impl Store for InstrumentedStore {
         self.inner.has_cluster_clock()
     }
 
+    fn damage(&self) -> Option<String> {
+        self.inner.damage()
+    }
+
     async fn sweep_expired(&self, now_ms: i64, max_records: usize) -> StoreResult<usize> {
         measured!(self, "sweep", self.inner.sweep_expired(now_ms, max_records))
     }

@@ -434,6 +434,13 @@ pub trait Store: Send + Sync + 'static {
     /// Backends with native TTL return 0.
     async fn sweep_expired(&self, now_ms: i64, max_records: usize) -> StoreResult<usize>;
 
+    /// Damage found in the store's own files, if any: the server turns its
+    /// health NOT_SERVING while there is some (every answer of the store is
+    /// then `Corrupt`). Stores that cannot find damage have none.
+    fn damage(&self) -> Option<String> {
+        None
+    }
+
     /// Finishes every accepted write and releases the store. Later calls
     /// fail with [`StoreError::Closed`].
     async fn close(&self) -> StoreResult<()>;

@@ -142,7 +142,12 @@ impl Checkpointer {
 
 /// Makes every earlier non-durable commit durable: an empty transaction
 /// with `Durability::Immediate` (the default) flushes them all.
+///
+/// Quick repair: the commit records redb's allocator state, so an open
+/// after a crash loads it instead of walking every page of the file (which
+/// would make a restart as slow as reading the whole file).
 fn durable_commit(database: &Database) -> Result<(), Failure> {
-    let txn = database.begin_write().map_err(|e| Failure::of(&e))?;
+    let mut txn = database.begin_write().map_err(|e| Failure::of(&e))?;
+    txn.set_quick_repair(true);
     txn.commit().map_err(|e| Failure::of(&e))
 }

@@ -13,8 +13,10 @@
 use std::fmt::Display;
 use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::blocks::Blocks;
 use super::wal::AppendError;
 use crate::store::StoreError;
 
@@ -186,16 +188,22 @@ pub(super) struct Failures {
     disk_was_full: bool,
     /// The data directory, named in what operators are told to free.
     data_dir: PathBuf,
+    /// The file's checksums: a failure caused by damage they found is
+    /// answered as damage, and does not end the process (its health turns
+    /// NOT_SERVING and its metrics say why; a restart would refuse the file
+    /// anyway).
+    blocks: Arc<Blocks>,
 }
 
 impl Failures {
     /// No failure yet, for the store in `data_dir`.
-    pub(super) fn new(data_dir: PathBuf) -> Self {
+    pub(super) fn new(data_dir: PathBuf, blocks: Arc<Blocks>) -> Self {
         Self {
             poisoned: None,
             out_of_space: (0, None),
             disk_was_full: false,
             data_dir,
+            blocks,
         }
     }
 
@@ -206,6 +214,9 @@ impl Failures {
 
     /// The answer to every batch once poisoned.
     pub(super) fn refusal(&self) -> Option<StoreError> {
+        if let Some(report) = self.blocks.damage() {
+            return Some(StoreError::Corrupt(report.to_string()));
+        }
         self.poisoned.as_ref().map(|reason| {
             StoreError::Unavailable(format!(
                 "the embedded store stopped accepting writes after a storage error ({reason}); restart idemd"
@@ -254,6 +265,11 @@ impl Failures {
     /// be restarted exits, saying what to do.
     pub(super) fn poison(&mut self, failure: Failure) {
         let Failure { reason, cause } = failure;
+        if let Some(report) = self.blocks.damage() {
+            // Already logged, counted and recorded where it was found.
+            self.poisoned = Some(report.to_string());
+            return;
+        }
         self.note(cause);
         tracing::error!(
             error = %reason,

@@ -90,6 +90,9 @@
 //! batch. Records it returns (an existing record, a conflict) carry their
 //! sealed response out of the writer thread and are opened by the caller.
 
+mod blocks;
+#[cfg(test)]
+mod blocks_tests;
 mod checkpoint;
 pub mod codec;
 mod failure;
@@ -116,7 +119,10 @@ use super::{
     StoreError, StoreResult, response,
 };
 use crate::crypto::Keyring;
+use blocks::{Blocks, Scrubber, Trust, VerifiedFile};
+pub use blocks::{DEFAULT_SCRUB_INTERVAL, DEFAULT_SCRUB_RATE, SUMS_FILE, ScrubOptions};
 use checkpoint::{BeforeCheckpoint, Checkpointer};
+use failure::Failures;
 pub use failure::exit_on_storage_failure;
 pub(crate) use failure::storage_error;
 use fold::Overlay;
@@ -164,6 +170,8 @@ pub struct EmbeddedOptions {
     /// Encryption at rest of stored responses; `None` stores them in clear
     /// (values sealed earlier then fail to read, naming their key id).
     pub keyring: Option<Arc<Keyring>>,
+    /// Pace of the background check of every block ([`blocks`]).
+    pub scrub: ScrubOptions,
 }
 
 impl EmbeddedOptions {
@@ -173,6 +181,7 @@ impl EmbeddedOptions {
             data_dir: data_dir.into(),
             cache_bytes: DEFAULT_CACHE_BYTES,
             keyring: None,
+            scrub: ScrubOptions::default(),
         }
     }
 }
@@ -191,6 +200,13 @@ pub struct EmbeddedStore {
     writer: GroupCommit<WriteOp>,
     /// Opens sealed responses on the read side.
     keyring: Option<Arc<Keyring>>,
+    /// The file's block checksums: what damage was found.
+    blocks: Arc<Blocks>,
+    /// The background check of every block, stopped on close.
+    scrubber: Mutex<Scrubber>,
+    /// Why the open checked the whole file, if it did (the growth bench
+    /// and the tests tell a start that read the file from one that did not).
+    full_check: Option<String>,
 }
 
 impl std::fmt::Debug for EmbeddedStore {
@@ -263,6 +279,10 @@ impl EmbeddedStore {
             )
         })?;
         let path = options.data_dir.join(DATABASE_FILE);
+        // Every read redb makes is checked against the block checksums
+        // ([`blocks`]), so an open reads only what it touches; the whole
+        // file is checked only when the checksums cannot vouch for it.
+        let (blocks, trust) = Blocks::open(&path)?;
         // redb panics on some damaged files (e.g. "Malformed allocator
         // state") instead of returning an error: turned into an error that
         // names the file, so idemd refuses to start with a message an
@@ -270,9 +290,13 @@ impl EmbeddedStore {
         let opened = without_panics(&path, || {
             Database::builder()
                 .set_cache_size(options.cache_bytes)
-                .create(&path)
+                .create_with_backend(VerifiedFile(Arc::clone(&blocks)))
         })?;
         let mut database = opened.map_err(|e| match e {
+            // A damaged block met by the open: its report says it all.
+            _ if blocks.damage().is_some() => {
+                StoreError::Corrupt(blocks.damage().unwrap_or_default().to_string())
+            }
             redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Unavailable(format!(
                 "{} is already open in another process (the embedded store allows one owner)",
                 path.display()
@@ -283,36 +307,54 @@ impl EmbeddedStore {
                 damaged_because(&path, &what)
             }
             redb::DatabaseError::Storage(redb::StorageError::Io(io))
-                if io.kind() == std::io::ErrorKind::UnexpectedEof =>
+                if matches!(
+                    io.kind(),
+                    std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::InvalidData
+                ) =>
             {
                 damaged_because(&path, &io.to_string())
             }
             other => storage_error(&format!("cannot open {}", path.display()), other),
         })?;
-        // redb verifies page checksums only here, not on every read: a
-        // damaged page would otherwise be served as a record (the fault
-        // suite's corrupt-page scenario served altered response bodies).
-        // So every open checks the whole file, and a file that fails is
-        // refused, even one redb could "repair": its repair drops what it
-        // cannot read, which may be acknowledged records. The cost is one
-        // read of the file at start (docs/reliability.md has the figure).
-        let verified = without_panics(&path, || database.check_integrity())?;
-        match verified {
-            Ok(true) => {}
-            Ok(false) => {
-                return Err(damaged_because(
-                    &path,
-                    "it failed redb's integrity check (redb repaired it, possibly dropping records)",
-                ));
+        let full_check = match &trust {
+            Trust::Rebuild(reason) => Some(reason.clone()),
+            Trust::Verified => None,
+        };
+        if let Trust::Rebuild(reason) = trust {
+            // The checksums cannot vouch for the file: redb checks every
+            // page (and a file that fails is refused, even one redb could
+            // "repair": its repair drops what it cannot read, which may be
+            // acknowledged records), then the file is summed. One read of
+            // the file, once (docs/reliability.md).
+            tracing::warn!(
+                path = %path.display(),
+                %reason,
+                "embedded store: checking the whole database file before serving"
+            );
+            let verified = without_panics(&path, || database.check_integrity())?;
+            match verified {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(damaged_because(
+                        &path,
+                        "it failed redb's integrity check (redb repaired it, possibly dropping records)",
+                    ));
+                }
+                Err(error) => return Err(damaged_because(&path, &error.to_string())),
             }
-            Err(error) => return Err(damaged_because(&path, &error.to_string())),
+            blocks
+                .rebuild()
+                .map_err(|e| storage_error("cannot compute the block checksums", e))?;
         }
         let database = Arc::new(database);
         // Create the tables up front so that read transactions never see a
         // missing table.
-        let txn = database
+        let mut txn = database
             .begin_write()
             .map_err(|e| storage_error("begin", e))?;
+        // Every durable commit records redb's allocator state, so an open
+        // after a crash loads it instead of walking every page.
+        txn.set_quick_repair(true);
         {
             txn.open_table(RECORDS)
                 .map_err(|e| storage_error("open", e))?;
@@ -350,15 +392,21 @@ impl EmbeddedStore {
                     overlay.clone(),
                     Arc::clone(&stats),
                     checkpointer,
+                    Failures::new(options.data_dir.clone(), Arc::clone(&blocks)),
                 ))
             },
         )?;
+        let scrubber = Scrubber::start(Arc::clone(&blocks), options.scrub)
+            .map_err(|e| storage_error("cannot start the scrub thread", e))?;
         Ok(Self {
             stats,
             database,
             overlay,
             writer,
             keyring: options.keyring.clone(),
+            blocks,
+            scrubber: Mutex::new(scrubber),
+            full_check,
         })
     }
 
@@ -370,14 +418,31 @@ impl EmbeddedStore {
         )
     }
 
+    /// Why the open read and checked the whole file (no checksums yet, the
+    /// machine stopped uncleanly, another program changed the file), or
+    /// `None` when it read only what it needed.
+    pub fn full_check_on_open(&self) -> Option<&str> {
+        self.full_check.as_deref()
+    }
+
     /// Path of the database file for a data directory.
     pub fn database_path(data_dir: &Path) -> PathBuf {
         data_dir.join(DATABASE_FILE)
     }
 
+    /// The damage found in the file, as every answer once there is some:
+    /// nothing is served from a file known to be damaged.
+    fn refuse_if_damaged(&self) -> StoreResult<()> {
+        match self.blocks.damage() {
+            Some(report) => Err(StoreError::Corrupt(report.to_string())),
+            None => Ok(()),
+        }
+    }
+
     /// Hands `op` to the writer and waits for its answer (after the batch
     /// it joined is durable).
     async fn submit<O: Operation>(&self, op: O) -> StoreResult<O::Output> {
+        self.refuse_if_damaged()?;
         let (queued, response) = writer::queue(op);
         self.writer.send(queued).await?;
         // The writer replies to every operation it accepted; a dropped reply
@@ -391,6 +456,7 @@ impl EmbeddedStore {
     }
 
     fn read_record(&self, id: &RecordKey, now_ms: i64) -> StoreResult<Option<Record>> {
+        self.refuse_if_damaged()?;
         // The overlay first, then redb: the writer empties the overlay only
         // after redb has its changes (see [`overlay`]).
         let key = codec::record_key(id);
@@ -512,6 +578,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn list_pending(&self, query: &PendingQuery, now_ms: i64) -> StoreResult<PendingPage> {
+        self.refuse_if_damaged()?;
         let prefix = codec::pending_tenant_prefix(&query.tenant);
         let start = match &query.page_token {
             Some(token) => {
@@ -599,7 +666,15 @@ impl Store for EmbeddedStore {
         .await
     }
 
+    fn damage(&self) -> Option<String> {
+        self.blocks.damage().map(str::to_string)
+    }
+
     async fn close(&self) -> StoreResult<()> {
+        self.scrubber
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .stop();
         // The writer drains the queue, checkpoints and exits.
         self.writer.close().await
     }

@@ -11,9 +11,11 @@ use crate::store::{StoreError, StoreResult};
 /// Replays the log frames newer than the durable redb state (see [`wal`])
 /// and commits the result durably; returns the last frame's sequence.
 pub(super) fn recover(database: &Database, wal: &wal::Wal) -> StoreResult<u64> {
-    let txn = database
+    let mut txn = database
         .begin_write()
         .map_err(|e| storage_error("begin write", e))?;
+    // Like every durable commit: see `checkpoint::durable_commit`.
+    txn.set_quick_repair(true);
     let durable = txn
         .open_table(META)
         .map_err(|e| storage_error("open", e))?

@@ -9,9 +9,9 @@ use super::checkpoint::CHECKPOINT_INTERVAL;
 use super::*;
 use crate::store::{Expected, RecordState, StoredResponse};
 
-pub(super) const NOW: i64 = 1_000_000;
+pub(crate) const NOW: i64 = 1_000_000;
 
-pub(super) fn id(key: &str) -> RecordKey {
+pub(crate) fn id(key: &str) -> RecordKey {
     RecordKey {
         tenant: "t".into(),
         endpoint: "e".into(),
@@ -19,7 +19,7 @@ pub(super) fn id(key: &str) -> RecordKey {
     }
 }
 
-pub(super) fn completed(key: &str, body: &[u8], expires_at_ms: i64) -> Record {
+pub(crate) fn completed(key: &str, body: &[u8], expires_at_ms: i64) -> Record {
     Record {
         id: id(key),
         state: RecordState::Completed,

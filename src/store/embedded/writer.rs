@@ -169,7 +169,10 @@ impl Batcher for Writer {
 impl Writer {
     /// The writer of `database`, whose changes up to frame `seq` are in
     /// redb, appending to `wal`; it shares `overlay` and `stats` with the
-    /// store.
+    /// store, and its failure state starts as `failures`. Each argument is
+    /// a separate concern the store owns; a struct bundling them would only
+    /// be unpacked here.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         database: Arc<Database>,
         wal: wal::Wal,
@@ -178,6 +181,7 @@ impl Writer {
         overlay: Overlay,
         stats: Arc<WriterStats>,
         checkpointer: Checkpointer,
+        failures: Failures,
     ) -> Self {
         Self {
             database,
@@ -185,7 +189,7 @@ impl Writer {
             frame: wal::FrameBuilder::default(),
             seq,
             last_checkpoint_span: None,
-            failures: Failures::new(options.data_dir.clone()),
+            failures,
             stats,
             keyring: options.keyring.clone(),
             overlay,
@@ -415,6 +419,7 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::embedded::blocks::{Blocks, VerifiedFile};
     use crate::store::embedded::checkpoint::CHECKPOINT_INTERVAL;
     use crate::store::embedded::group::Waker;
     use crate::store::embedded::tables::Insert;
@@ -426,7 +431,12 @@ mod tests {
     #[test]
     fn background_checkpoints_time_the_writers_part() {
         let dir = tempfile::tempdir().expect("dir");
-        let database = Arc::new(Database::create(dir.path().join("db")).expect("create"));
+        let (blocks, _) = Blocks::open(&dir.path().join("db")).expect("blocks");
+        let database = Arc::new(
+            Database::builder()
+                .create_with_backend(VerifiedFile(Arc::clone(&blocks)))
+                .expect("create"),
+        );
         let txn = database.begin_write().expect("begin");
         drop(RedbTables::open(&txn).expect("tables"));
         record_seq(&txn, 0).expect("seq");
@@ -438,7 +448,17 @@ mod tests {
         let options = EmbeddedOptions::new(dir.path());
         let stats = Arc::new(WriterStats::default());
         let overlay = Overlay::default();
-        let mut writer = Writer::new(database, wal, 0, &options, overlay, stats, checkpointer);
+        let failures = Failures::new(dir.path().to_path_buf(), blocks);
+        let mut writer = Writer::new(
+            database,
+            wal,
+            0,
+            &options,
+            overlay,
+            stats,
+            checkpointer,
+            failures,
+        );
         let insert = |key: &str| {
             let record = completed(key, b"x", NOW + 1_000_000);
             queue(Insert {

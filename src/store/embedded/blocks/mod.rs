@@ -1,0 +1,550 @@
+//! Block checksums of the database file: every read redb makes is checked
+//! before redb sees it, so start-up does not have to read the whole file.
+//!
+//! # Why
+//!
+//! redb checks its pages' checksums only in `check_integrity`, which reads
+//! every page: 46.5 s at 10^7 records, a minute with a cold page cache. Not
+//! checking would let a damaged page be served as a record (a replay of the
+//! wrong bytes, or a Claim granted on a key whose entry was garbled). So the
+//! file goes through [`VerifiedFile`], a redb storage backend that keeps a
+//! CRC-32C of each 4 KiB block in a file beside the database
+//! ([`sidecar`]), updates it on every write and checks it on every read:
+//! damaged bytes never reach redb, whenever they were damaged, and an open
+//! reads only what redb and the log replay touch.
+//!
+//! A block nobody reads is checked by the scrub ([`scrub`]): a background
+//! pass over the whole file at a bounded rate, so damage is found before a
+//! request (or a backup) needs the block.
+//!
+//! # When the sums can be trusted
+//!
+//! They describe the file as this process last wrote it. On open they are
+//! trusted after a clean close, and after an unclean stop of the *process*
+//! (kill -9, OOM, a panic): the kernel's boot id is unchanged, so every
+//! write the process made is in the page cache and reaches the file; only
+//! the write in flight at the moment of the stop may have landed without
+//! its sums, and the sidecar names it ([`sidecar::Sidecar::in_flight`]), so
+//! those blocks are summed again. They are rebuilt — redb's full integrity
+//! check, then one read of the file — when there are none (first start of
+//! this release on a file), when the machine stopped without a clean close
+//! (writes since the last sync may be torn, and which is not known), and
+//! when the file's first block (redb's header, which every commit writes)
+//! no longer matches its sum: another program, e.g. an older idemd,
+//! committed to the file since.
+//!
+//! # Damage
+//!
+//! A block that does not match its sum, read by redb or by the scrub, is
+//! checked once more under the write lock (to rule out a race with a write
+//! of that block) and then is damage: it is recorded in the sidecar (so a
+//! restart refuses the file with the same message instead of serving it),
+//! logged, counted ([`crate::metrics::EMBEDDED_DAMAGED_BLOCKS`]) and turns
+//! the store's answers into `DATA_LOSS` and its health to NOT_SERVING.
+//! The first block is not checked: redb rewrites it in place on every
+//! commit and protects it itself (two commit slots, each with a checksum).
+
+mod scrub;
+pub(super) mod sidecar;
+
+use std::io;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::Instant;
+
+use redb::backends::FileBackend;
+use redb::{BackendError, StorageBackend};
+
+use crate::store::StoreError;
+use crate::store::embedded::wal::crc32c;
+pub(crate) use scrub::Scrubber;
+pub use scrub::{DEFAULT_SCRUB_INTERVAL, DEFAULT_SCRUB_RATE, ScrubOptions};
+use sidecar::{Header, Sidecar};
+
+/// Bytes per checksum: redb's page size, so a page read is checked by
+/// whole blocks.
+pub(super) const BLOCK: usize = 4096;
+
+/// File name of the checksums, beside the database file.
+pub const SUMS_FILE: &str = "idemd.redb.sums";
+
+/// Whether the sums opened with the file can be used as they are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Trust {
+    /// Reads are checked from the first one.
+    Verified,
+    /// The whole file must be checked and summed before serving; the reason
+    /// is logged.
+    Rebuild(String),
+}
+
+/// The database file, its sums and what was found wrong with it. Shared by
+/// the storage backend redb owns and the scrub thread.
+#[derive(Debug)]
+pub(crate) struct Blocks {
+    /// The database file (redb's own backend: locking, positioned I/O).
+    data: FileBackend,
+    /// Where the sums persist.
+    sidecar: Sidecar,
+    /// One CRC-32C per block, as last written.
+    sums: RwLock<Vec<u32>>,
+    /// The data file's length, as last set (reads past it are redb's bug).
+    len: AtomicU64,
+    /// Held across a write of the data file and the update of its sums, so
+    /// a recheck under it sees both or neither.
+    io: Mutex<()>,
+    /// Reads are checked: false only while the sums are rebuilt on open.
+    verifying: AtomicBool,
+    /// The header as last written: the clean flag and the damage live there.
+    header: Mutex<Header>,
+    /// The first damage found: every later answer of the store is this.
+    damage: OnceLock<String>,
+    /// The data file's path, named in reports.
+    path: PathBuf,
+}
+
+impl Blocks {
+    /// Opens the database file at `path` and its sums, and marks the sums
+    /// as in use (a stop before [`StorageBackend::close`] is unclean).
+    /// Refuses a file whose damage was recorded earlier.
+    pub(super) fn open(path: &Path) -> Result<(Arc<Self>, Trust), StoreError> {
+        let io_error = |what: &str, e: io::Error| {
+            crate::store::embedded::storage_error(&format!("{what} {}", path.display()), e)
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| io_error("cannot open", e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| io_error("cannot stat", e))?
+            .len();
+        let data = FileBackend::new(file)
+            .map_err(|e| crate::store::embedded::storage_error("cannot open", e))?;
+        let sums_path = sums_path(path);
+        let sidecar = Sidecar::open(&sums_path)
+            .map_err(|e| io_error("cannot open", e))?
+            .ok_or_else(|| {
+                StoreError::Unavailable(format!(
+                    "{} is already open in another process (the embedded store allows one owner)",
+                    path.display()
+                ))
+            })?;
+        let previous = sidecar
+            .header()
+            .map_err(|e| io_error("cannot read the checksums of", e))?;
+        if let Some(Header {
+            damage: Some((_, report)),
+            ..
+        }) = &previous
+        {
+            return Err(StoreError::Corrupt(report.clone()));
+        }
+        let blocks = Self {
+            data,
+            sidecar,
+            sums: RwLock::new(Vec::new()),
+            len: AtomicU64::new(len),
+            io: Mutex::new(()),
+            verifying: AtomicBool::new(false),
+            header: Mutex::new(Header::default()),
+            damage: OnceLock::new(),
+            path: path.to_path_buf(),
+        };
+        let trust = blocks
+            .load(previous, len)
+            .map_err(|e| io_error("cannot read the checksums of", e))?;
+        let header = Header {
+            complete: trust == Trust::Verified,
+            clean: false,
+            boot_id: sidecar::boot_id(),
+            damage: None,
+        };
+        blocks
+            .persist_header(header)
+            .map_err(|e| io_error("cannot write the checksums of", e))?;
+        blocks
+            .verifying
+            .store(trust == Trust::Verified, Ordering::Release);
+        Ok((Arc::new(blocks), trust))
+    }
+
+    /// Loads the sums and decides whether they describe the file.
+    fn load(&self, previous: Option<Header>, len: u64) -> io::Result<Trust> {
+        let blocks = block_count(len);
+        let Some(previous) = previous else {
+            if len == 0 {
+                // A new database: every block will be written, and summed,
+                // by this process.
+                return Ok(Trust::Verified);
+            }
+            return Ok(Trust::Rebuild(
+                "the file has no block checksums yet (first start of this release on it)".into(),
+            ));
+        };
+        if !previous.complete {
+            return Ok(Trust::Rebuild(
+                "the last computation of its checksums did not finish".into(),
+            ));
+        }
+        if !previous.clean
+            && (previous.boot_id.is_empty() || previous.boot_id != sidecar::boot_id())
+        {
+            return Ok(Trust::Rebuild(
+                "the machine stopped without a clean close: blocks written since the last sync may be torn".into(),
+            ));
+        }
+        if self.sidecar.entry_count()? != blocks {
+            return Ok(Trust::Rebuild(
+                "its length does not match its checksums (changed by another program?)".into(),
+            ));
+        }
+        *write_lock(&self.sums) = self.sidecar.entries(blocks)?;
+        if !previous.clean
+            && let Some((first, count)) = self.sidecar.in_flight()?
+        {
+            // The process stopped inside this write: the blocks may hold
+            // the new bytes without their sums (or the reverse). redb reads
+            // none of them before writing them again (they belong to no
+            // durable commit; the first block is not checked).
+            let last = first.saturating_add(count).min(blocks);
+            let mut buffer = vec![0u8; BLOCK];
+            for block in first.min(last)..last {
+                let sum = self.sum_on_disk(block, &mut buffer)?;
+                write_lock(&self.sums)[to_index(block)] = sum;
+                self.sidecar.write_entries(block, &[sum])?;
+            }
+            self.sidecar.mark_in_flight(0, 0)?;
+        }
+        if blocks > 0 {
+            let mut buffer = vec![0u8; BLOCK];
+            let first = self.sum_on_disk(0, &mut buffer)?;
+            if read_lock(&self.sums)[0] != first {
+                return Ok(Trust::Rebuild(
+                    "its header changed since idemd last wrote it (another program, e.g. an older idemd, committed to it)".into(),
+                ));
+            }
+        }
+        Ok(Trust::Verified)
+    }
+
+    /// Sums every block of the file as it is now, then checks every read:
+    /// after redb's integrity check has vouched for the file. Logs progress
+    /// on a big file.
+    pub(super) fn rebuild(&self) -> io::Result<()> {
+        let _io = lock(&self.io);
+        let len = self.data.len()?;
+        self.len.store(len, Ordering::Release);
+        let blocks = block_count(len);
+        let started = Instant::now();
+        let mut last_report = started;
+        let mut sums = Vec::with_capacity(to_index(blocks));
+        let mut buffer = vec![0u8; 256 * BLOCK];
+        let mut at = 0u64;
+        while at < len {
+            let n = usize::try_from((len - at).min(buffer.len() as u64)).unwrap_or(buffer.len());
+            self.data.read(at, &mut buffer[..n])?;
+            sums.extend(buffer[..n].chunks(BLOCK).map(crc32c));
+            at += n as u64;
+            if last_report.elapsed().as_secs() >= 5 {
+                last_report = Instant::now();
+                tracing::info!(
+                    done_mib = at >> 20,
+                    total_mib = len >> 20,
+                    "embedded store: computing block checksums"
+                );
+            }
+        }
+        self.sidecar.set_entry_count(blocks)?;
+        self.sidecar.write_entries(0, &sums)?;
+        *write_lock(&self.sums) = sums;
+        self.sidecar.mark_in_flight(0, 0)?;
+        let mut header = lock(&self.header).clone();
+        header.complete = true;
+        self.persist_header(header)?;
+        self.verifying.store(true, Ordering::Release);
+        tracing::info!(
+            mib = len >> 20,
+            seconds = started.elapsed().as_secs_f64(),
+            "embedded store: block checksums computed; later starts check only what they read"
+        );
+        Ok(())
+    }
+
+    /// Writes `header` durably and remembers it.
+    fn persist_header(&self, header: Header) -> io::Result<()> {
+        self.sidecar.write_header(&header)?;
+        self.sidecar.sync()?;
+        *lock(&self.header) = header;
+        Ok(())
+    }
+
+    /// The damage found, if any (the text callers and operators are told).
+    pub(crate) fn damage(&self) -> Option<&str> {
+        self.damage.get().map(String::as_str)
+    }
+
+    /// Blocks in the file now.
+    pub(super) fn block_count(&self) -> u64 {
+        block_count(self.len.load(Ordering::Acquire))
+    }
+
+    /// Checks blocks `[first, first + buffer.len() / BLOCK)` (those inside
+    /// the file): how many bytes were read. Damage found is reported.
+    pub(super) fn scrub(&self, first: u64, buffer: &mut [u8]) -> io::Result<usize> {
+        let len = self.len.load(Ordering::Acquire);
+        let start = first * BLOCK as u64;
+        if start >= len {
+            return Ok(0);
+        }
+        let n = usize::try_from((len - start).min(buffer.len() as u64)).unwrap_or(0);
+        self.data.read(start, &mut buffer[..n])?;
+        self.check(start, &mut buffer[..n], "the scrub")?;
+        Ok(n)
+    }
+
+    /// Checks `bytes`, read at block boundary `start`. A mismatch is read
+    /// again under the write lock (the first read may have raced a write of
+    /// the block) into `bytes`, and is damage only if it persists.
+    fn check(&self, start: u64, bytes: &mut [u8], reader: &str) -> io::Result<()> {
+        if !self.verifying.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        if let Some(report) = self.damage.get() {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, report.clone()));
+        }
+        if self.mismatch(start, bytes).is_none() {
+            return Ok(());
+        }
+        let _io = lock(&self.io);
+        self.data.read(start, bytes)?;
+        match self.mismatch(start, bytes) {
+            None => Ok(()),
+            Some(block) => Err(self.report_damage(block, reader)),
+        }
+    }
+
+    /// The first block of `bytes` (read at block boundary `start`) that
+    /// does not match its sum.
+    fn mismatch(&self, start: u64, bytes: &[u8]) -> Option<u64> {
+        let sums = read_lock(&self.sums);
+        let first = start / BLOCK as u64;
+        bytes.chunks(BLOCK).enumerate().find_map(|(i, chunk)| {
+            let block = first + i as u64;
+            // Block 0 is redb's header: see the module docs.
+            (block != 0 && sums.get(to_index(block)) != Some(&crc32c(chunk))).then_some(block)
+        })
+    }
+
+    /// Records damage in `block` found by `reader` (once: the first report
+    /// stays), and the error its reader gets.
+    fn report_damage(&self, block: u64, reader: &str) -> io::Error {
+        let report = self.damage.get_or_init(|| {
+            let report = format!(
+                "the database file {} is damaged: block {block} (bytes {}..{}) does not match its checksum (found by {reader} at {}); idemd will not serve from it: restore the data directory from a backup (`idemd restore`, docs/operations.md)",
+                self.path.display(),
+                block * BLOCK as u64,
+                (block + 1) * BLOCK as u64,
+                humantime::format_rfc3339_seconds(std::time::SystemTime::now()),
+            );
+            tracing::error!(block, found_by = reader, "{report}");
+            metrics::gauge!(crate::metrics::EMBEDDED_DAMAGED_BLOCKS).set(1.0);
+            let mut header = lock(&self.header).clone();
+            header.damage = Some((block, report.clone()));
+            if let Err(error) = self.persist_header(header) {
+                tracing::error!(%error, "embedded store: cannot record the damage in the checksum file");
+            }
+            report
+        });
+        io::Error::new(io::ErrorKind::InvalidData, report.clone())
+    }
+
+    /// The sum of `block` as it is on disk now.
+    fn sum_on_disk(&self, block: u64, buffer: &mut [u8]) -> io::Result<u32> {
+        let len = self.len.load(Ordering::Acquire);
+        let start = block * BLOCK as u64;
+        let n = usize::try_from(len.saturating_sub(start).min(BLOCK as u64)).unwrap_or(0);
+        self.data.read(start, &mut buffer[..n])?;
+        Ok(crc32c(&buffer[..n]))
+    }
+}
+
+/// The path of the sums of the database file at `path`.
+pub(super) fn sums_path(path: &Path) -> PathBuf {
+    path.with_file_name(SUMS_FILE)
+}
+
+/// Blocks of a file of `len` bytes (the last one may be short).
+fn block_count(len: u64) -> u64 {
+    len.div_ceil(BLOCK as u64)
+}
+
+/// A block number as an index into the sums (a file has far fewer than
+/// `usize::MAX` blocks on any platform idemd runs on).
+fn to_index(block: u64) -> usize {
+    usize::try_from(block).unwrap_or(usize::MAX)
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn read_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The storage backend redb is given: the file of [`Blocks`], every read
+/// checked, every write summed.
+#[derive(Debug)]
+pub(super) struct VerifiedFile(pub(super) Arc<Blocks>);
+
+impl StorageBackend for VerifiedFile {
+    fn len(&self) -> Result<u64, io::Error> {
+        self.0.data.len()
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
+        let blocks = &self.0;
+        let block = BLOCK as u64;
+        let end = offset + out.len() as u64;
+        let len = blocks.len.load(Ordering::Acquire);
+        let (start, stop) = (offset / block * block, end.div_ceil(block) * block);
+        if start == offset && (stop == end || end == len) {
+            blocks.data.read(offset, out)?;
+            return blocks.check(offset, out, "a read");
+        }
+        // Not whole blocks (redb's header reads): read the blocks around.
+        let stop = stop.min(len.max(end));
+        let mut whole = vec![0u8; usize::try_from(stop - start).unwrap_or(0)];
+        blocks.data.read(start, &mut whole)?;
+        blocks.check(start, &mut whole, "a read")?;
+        let at = usize::try_from(offset - start).unwrap_or(0);
+        out.copy_from_slice(&whole[at..at + out.len()]);
+        Ok(())
+    }
+
+    fn set_len(&self, new_len: u64) -> Result<(), io::Error> {
+        let blocks = &self.0;
+        let _io = lock(&blocks.io);
+        let old_len = blocks.len.load(Ordering::Acquire);
+        blocks.data.set_len(new_len)?;
+        blocks.len.store(new_len, Ordering::Release);
+        let count = block_count(new_len);
+        let old_count = block_count(old_len);
+        // A short last block changes with the length: summed again.
+        let first_changed = if !old_len.is_multiple_of(BLOCK as u64) {
+            old_count - 1
+        } else {
+            old_count
+        }
+        .min(count);
+        let mut buffer = vec![0u8; BLOCK];
+        let mut changed = Vec::new();
+        for block in first_changed..count {
+            changed.push(blocks.sum_on_disk(block, &mut buffer)?);
+        }
+        blocks.sidecar.set_entry_count(count)?;
+        blocks.sidecar.write_entries(first_changed, &changed)?;
+        let mut sums = write_lock(&blocks.sums);
+        sums.truncate(to_index(first_changed));
+        sums.extend(changed);
+        Ok(())
+    }
+
+    fn sync_data(&self) -> Result<(), io::Error> {
+        let blocks = &self.0;
+        let _io = lock(&blocks.io);
+        // Everything written is summed: nothing is in flight across a sync.
+        blocks.sidecar.mark_in_flight(0, 0)?;
+        blocks.sidecar.sync()?;
+        blocks.data.sync_data()
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
+        let blocks = &self.0;
+        let _io = lock(&blocks.io);
+        let first = offset / BLOCK as u64;
+        let last = (offset + data.len() as u64).div_ceil(BLOCK as u64);
+        blocks.sidecar.mark_in_flight(first, last - first)?;
+        blocks.data.write(offset, data)?;
+        let mut changed = Vec::with_capacity(to_index(last - first));
+        let mut buffer = Vec::new();
+        for block in first..last {
+            let start = block * BLOCK as u64;
+            let covered = start >= offset && start + BLOCK as u64 <= offset + data.len() as u64;
+            changed.push(if covered {
+                let at = to_index(start - offset);
+                crc32c(&data[at..at + BLOCK])
+            } else {
+                // Partly written (redb's header): the block as it is now.
+                buffer.resize(BLOCK, 0);
+                blocks.sum_on_disk(block, &mut buffer)?
+            });
+        }
+        blocks.sidecar.write_entries(first, &changed)?;
+        let mut sums = write_lock(&blocks.sums);
+        let end = to_index(last);
+        if sums.len() < end {
+            sums.resize(end, 0);
+        }
+        sums[to_index(first)..end].copy_from_slice(&changed);
+        Ok(())
+    }
+
+    fn close(&self) -> Result<(), io::Error> {
+        let blocks = &self.0;
+        let closing = {
+            let _io = lock(&blocks.io);
+            let header = lock(&blocks.header).clone();
+            if header.complete && blocks.damage.get().is_none() {
+                blocks.data.sync_data()?;
+                blocks.sidecar.mark_in_flight(0, 0)?;
+                blocks.persist_header(Header {
+                    clean: true,
+                    ..header
+                })
+            } else {
+                Ok(())
+            }
+        };
+        let closed = blocks.data.close();
+        closing.and(closed)
+    }
+
+    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.0.data.try_lock_range(start, end)
+    }
+
+    fn try_lock_shared_range(
+        &self,
+        start: Bound<u64>,
+        end: Bound<u64>,
+    ) -> Result<bool, BackendError> {
+        self.0.data.try_lock_shared_range(start, end)
+    }
+
+    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.0.data.lock_range(start, end)
+    }
+
+    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.0.data.lock_shared_range(start, end)
+    }
+
+    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.0.data.unlock_range(start, end)
+    }
+
+    fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.0.data.query_lock_range(start, end)
+    }
+}
