@@ -141,6 +141,33 @@ fn main() -> ExitCode {
                 }
             };
         }
+        Some(Command::Backup(args)) => {
+            let runtime = match runtime() {
+                Ok(runtime) => runtime,
+                Err(code) => return code,
+            };
+            return match runtime.block_on(idemd::cli::backup::backup(&args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("idemd backup: {error}");
+                    ExitCode::from(error.exit_code())
+                }
+            };
+        }
+        Some(Command::Restore(args)) => {
+            init_logging("warn", LogFormat::Human);
+            let runtime = match runtime() {
+                Ok(runtime) => runtime,
+                Err(code) => return code,
+            };
+            return match runtime.block_on(idemd::cli::backup::restore(&args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("idemd restore: {error}");
+                    ExitCode::from(error.exit_code())
+                }
+            };
+        }
         None => Settings::from_args(&cli.serve),
     };
     let settings = match settings {

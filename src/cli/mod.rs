@@ -2,8 +2,11 @@
 //! `idemd keys`. They are gRPC clients like any other (the embedded store
 //! has one owner, and the tenant must come from credentials), sharing the
 //! connection flags of [`ConnectArgs`] and the exit codes of [`CliError`].
+//! `idemd backup` talks to the server's admin socket instead, and `idemd
+//! restore` works on a stopped store's files ([`backup`]).
 
 pub mod audit;
+pub mod backup;
 pub mod keys;
 
 pub use audit::{audit, parse_since};

@@ -59,6 +59,11 @@ pub enum Command {
     /// `reconcile`, `release`, `extend` (exit codes: 1 not found, 3
     /// refused, 4 transport or server error, 5 not confirmed).
     Keys(KeysArgs),
+    /// Back up the embedded store of a running idemd without stopping it
+    /// (through the admin socket in its data directory).
+    Backup(BackupArgs),
+    /// Check a backup and restore it into a data directory (idemd stopped).
+    Restore(RestoreArgs),
 }
 
 /// How the client subcommands (`idemd audit`, `idemd keys`) reach a
@@ -358,6 +363,33 @@ pub struct MigrateArgs {
     /// Log format.
     #[arg(long, env = "IDEMD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
     pub log_format: LogFormat,
+}
+
+/// Flags of `idemd backup`.
+#[derive(Debug, Clone, Args)]
+pub struct BackupArgs {
+    /// Data directory of the running idemd (its admin socket is there).
+    #[arg(long, env = "IDEMD_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+    /// New directory the backup is written to, by the server process (so
+    /// on its file system, with its permissions).
+    #[arg(long)]
+    pub to: PathBuf,
+}
+
+/// Flags of `idemd restore`.
+#[derive(Debug, Clone, Args)]
+pub struct RestoreArgs {
+    /// The backup (a directory `idemd backup` wrote).
+    #[arg(long)]
+    pub from: PathBuf,
+    /// Data directory to restore into; idemd must not be running on it.
+    #[arg(long, env = "IDEMD_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+    /// Replace the store the data directory holds (its files are moved to
+    /// a `replaced-<time>` directory there, not deleted).
+    #[arg(long)]
+    pub replace: bool,
 }
 
 /// Flags of `idemd serve`.

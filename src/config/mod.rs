@@ -51,8 +51,9 @@ mod policies;
 pub mod routes;
 
 pub use args::{
-    AuditArgs, Cli, Command, ConnectArgs, CqlArgs, KeyRef, KeysArgs, KeysCommand, LogFormat,
-    MigrateArgs, OutputFormat, ProxyArgs, ServeArgs, ServerArgs, StoreKind, VerdictArgs,
+    AuditArgs, BackupArgs, Cli, Command, ConnectArgs, CqlArgs, KeyRef, KeysArgs, KeysCommand,
+    LogFormat, MigrateArgs, OutputFormat, ProxyArgs, RestoreArgs, ServeArgs, ServerArgs, StoreKind,
+    VerdictArgs,
 };
 pub use policies::parse_policies;
 use policies::{load_policies, validate_policy};

@@ -39,6 +39,7 @@ use crate::tls::TlsServer;
 use crate::web::Connection;
 use slot::EngineSlot;
 
+pub mod admin;
 mod slot;
 
 /// A request on one of the HTTP front doors.
@@ -520,7 +521,18 @@ where
     );
 
     let sweeper = tokio::spawn(sweep_forever(Arc::clone(&engine), settings.sweep_interval));
-    let damage_watch = tokio::spawn(not_serving_on_damage(Arc::clone(&store), health.clone()));
+    let damage_watch = tokio::spawn(admin::not_serving_on_damage(
+        Arc::clone(&store),
+        health.clone(),
+    ));
+    // Backups of the embedded store are asked for on its data directory's
+    // admin socket; serving goes on without it (logged) if it cannot bind.
+    let admin = match &settings.store {
+        StoreSettings::Embedded => admin::serve(&settings.data_dir, Arc::clone(&store))
+            .map_err(|error| tracing::error!(%error, data_dir = %settings.data_dir.display(), "admin socket unavailable: `idemd backup` cannot reach this server"))
+            .ok(),
+        StoreSettings::Cql(_) => None,
+    };
     let maintenance = engine
         .store_maintenance_interval()
         .map(|every| tokio::spawn(maintain_forever(Arc::clone(&engine), every)));
@@ -564,6 +576,9 @@ where
         serving.abort_all();
         sweeper.abort();
         damage_watch.abort();
+        if let Some(task) = &admin {
+            task.abort();
+        }
         if let Some(task) = &maintenance {
             task.abort();
         }
@@ -653,32 +668,6 @@ async fn maintain_forever(engine: Arc<Engine>, interval: Duration) {
         ticker.tick().await;
         if let Err(error) = engine.maintain_store().await {
             tracing::warn!(%error, "store maintenance failed");
-        }
-    }
-}
-
-/// How often the store is asked whether it found damage in its files.
-const DAMAGE_WATCH_INTERVAL: Duration = Duration::from_secs(1);
-
-/// Turns health NOT_SERVING once the store finds damage in its files (it
-/// then answers every call with `DATA_LOSS`): load balancers stop sending
-/// traffic, and probes say why the node is out.
-async fn not_serving_on_damage(
-    store: Arc<dyn Store>,
-    health: tonic_health::server::HealthReporter,
-) {
-    let mut ticker = tokio::time::interval(DAMAGE_WATCH_INTERVAL);
-    loop {
-        ticker.tick().await;
-        if let Some(report) = store.damage() {
-            tracing::error!(%report, "store damaged: health NOT_SERVING, every call answers DATA_LOSS");
-            health
-                .set_service_status("", ServingStatus::NotServing)
-                .await;
-            health
-                .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
-                .await;
-            return;
         }
     }
 }

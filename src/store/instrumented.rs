@@ -134,6 +134,14 @@ impl Store for InstrumentedStore {
         self.inner.damage()
     }
 
+    async fn backup(
+        &self,
+        to: &std::path::Path,
+        progress: std::sync::Arc<dyn Fn(u64) + Send + Sync>,
+    ) -> StoreResult<super::BackupSummary> {
+        self.inner.backup(to, progress).await
+    }
+
     async fn sweep_expired(&self, now_ms: i64, max_records: usize) -> StoreResult<usize> {
         measured!(self, "sweep", self.inner.sweep_expired(now_ms, max_records))
     }

@@ -330,6 +330,25 @@ pub enum StoreError {
     Closed,
 }
 
+/// What a backup holds, as written in its manifest.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct BackupSummary {
+    /// Manifest format.
+    pub format: u32,
+    /// When the backup began (Unix ms): every key acknowledged before it
+    /// is in the backup.
+    pub started_at_ms: i64,
+    /// When it was complete (Unix ms).
+    pub finished_at_ms: i64,
+    /// Records copied (live or expired but not yet swept: the store drops
+    /// expired records on read, as it would have).
+    pub records: u64,
+    /// Size of the backup's database file.
+    pub bytes: u64,
+    /// The idemd version that wrote it.
+    pub idemd_version: String,
+}
+
 /// Result type of store operations.
 pub type StoreResult<T> = Result<T, StoreError>;
 
@@ -433,6 +452,22 @@ pub trait Store: Send + Sync + 'static {
     /// [`crate::engine::SWEEP_STEP`]); returns how many were removed.
     /// Backends with native TTL return 0.
     async fn sweep_expired(&self, now_ms: i64, max_records: usize) -> StoreResult<usize>;
+
+    /// Writes a consistent copy of the store into the new directory `to`
+    /// while it serves: every key acknowledged before the call is in it
+    /// (see [`embedded::backup`]); `progress` is told the records copied.
+    /// Stores whose data lives in a database of its own answer
+    /// `Unavailable`, naming that database's tools.
+    async fn backup(
+        &self,
+        _to: &std::path::Path,
+        _progress: std::sync::Arc<dyn Fn(u64) + Send + Sync>,
+    ) -> StoreResult<BackupSummary> {
+        Err(StoreError::Unavailable(format!(
+            "the {} store keeps its data in a database of its own: back that up with its tools (ScyllaDB: Scylla Manager or `nodetool snapshot`; docs/operations.md)",
+            self.backend_name()
+        )))
+    }
 
     /// Damage found in the store's own files, if any: the server turns its
     /// health NOT_SERVING while there is some (every answer of the store is

@@ -155,6 +155,35 @@ impl Server {
         }
     }
 
+    /// Whether the server's health check says NOT_SERVING (`false` for
+    /// SERVING or no answer: a server not listening yet says nothing).
+    pub async fn not_serving(&self) -> bool {
+        use tonic_health::pb::health_check_response::ServingStatus;
+        use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+        let Ok(channel) = channel(&self.address, Duration::from_secs(1)) else {
+            return false;
+        };
+        let check = HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await;
+        matches!(check, Ok(answer) if answer.get_ref().status == ServingStatus::NotServing as i32)
+    }
+
+    /// Waits until health says NOT_SERVING (or the process exits), up to
+    /// `limit`: how long that took, `None` if it did not happen.
+    pub async fn until_not_serving(&mut self, limit: Duration) -> Option<Duration> {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if self.not_serving().await || matches!(self.exited(), Ok(Some(_))) {
+                return Some(started.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+
     /// The exit status, if the process has exited on its own.
     pub fn exited(&mut self) -> anyhow::Result<Option<std::process::ExitStatus>> {
         let Some(child) = self.child.as_mut() else {

@@ -140,12 +140,48 @@ pub async fn torn_wal(setup: &Setup<'_>) -> anyhow::Result<Report> {
     .await
 }
 
+/// Scrub rate and interval the damage scenarios give idemd, and how long
+/// the store may take beyond the documented bound (the pause between two
+/// passes plus one pass over the file) to turn NOT_SERVING: the server
+/// polls the store for damage every second, and the health probe here
+/// every 50 ms.
+const SCRUB_RATE: u64 = 64 * 1024;
+const SCRUB_INTERVAL: Duration = Duration::from_secs(2);
+const DETECTION_SLACK: Duration = Duration::from_secs(2);
+
+/// The longest a damaged block of the file at `path` goes unnoticed with
+/// [`SCRUB_RATE`] and [`SCRUB_INTERVAL`] (docs/reliability.md): the pause
+/// before the next pass, then the pass.
+fn scrub_bound(path: &std::path::Path) -> anyhow::Result<Duration> {
+    let len = std::fs::metadata(path)?.len();
+    Ok(SCRUB_INTERVAL + Duration::from_secs_f64(len as f64 / SCRUB_RATE as f64) + DETECTION_SLACK)
+}
+
+/// A server on the embedded store whose scrub runs at [`SCRUB_RATE`].
+fn scrubbed_server(setup: &Setup<'_>, dir: &std::path::Path) -> anyhow::Result<Server> {
+    Server::new(
+        setup.bin,
+        &dir.join("data"),
+        setup.log_dir,
+        vec![
+            "--store-scrub-rate".into(),
+            SCRUB_RATE.to_string(),
+            "--store-scrub-interval".into(),
+            format!("{}ms", SCRUB_INTERVAL.as_millis()),
+        ],
+    )
+}
+
 /// A clean stop, then bytes of the database file overwritten in several
 /// pages: the server must refuse to start with a message that says what is
-/// wrong, or answer `DATA_LOSS` for what it cannot read, and never serve a
-/// wrong response or hand out a key that was taken.
+/// wrong, or start, find the damage (on a read, or in the scrub's first
+/// pass, which begins at open) within one scrub pass, turn NOT_SERVING and
+/// answer `DATA_LOSS`; never serve a wrong response or hand out a key that
+/// was taken.
 pub async fn corrupt_page(setup: &Setup<'_>) -> anyhow::Result<Report> {
-    let mut run = Run::start(setup).await?;
+    let dir = tempfile::tempdir()?;
+    let server = scrubbed_server(setup, dir.path())?;
+    let mut run = Run::start_with(vec![server], &setup.load, dir).await?;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     run.history.phase("stopping");
     // Stop the clients first: the check must see what was acknowledged
@@ -166,8 +202,9 @@ pub async fn corrupt_page(setup: &Setup<'_>) -> anyhow::Result<Report> {
     }
     std::fs::write(&path, &bytes)?;
     let mut notes = vec![format!("{} of {pages} pages damaged", damaged.len())];
+    let bound = scrub_bound(&path)?;
     let exit = run.servers[0]
-        .start_expecting_exit(Duration::from_secs(5))
+        .start_expecting_exit(Duration::from_secs(2))
         .await?;
     if let Some(status) = exit {
         let log = run.servers[0].log();
@@ -193,12 +230,107 @@ pub async fn corrupt_page(setup: &Setup<'_>) -> anyhow::Result<Report> {
         };
         return Ok(corrupt_report(verdict, notes, run.started));
     }
-    notes.push("started on the damaged file; unreadable records must answer DATA_LOSS".into());
+    match run.servers[0].until_not_serving(bound).await {
+        Some(after) => notes.push(format!(
+            "started on the damaged file; NOT_SERVING {} ms after 2 s of start (bound: interval + one scrub pass + {} s = {} ms)",
+            after.as_millis(),
+            DETECTION_SLACK.as_secs(),
+            bound.as_millis()
+        )),
+        None => run.history.unexpected(format!(
+            "started on the damaged file and still SERVING {} ms later: the damage was not found within the scrub's bound",
+            bound.as_millis()
+        )),
+    }
     run.history.phase("check");
     let finals = workload::finals(&run.servers[0].address, &run.history).await?;
     let verdict = run.history.verdict(&finals, DataLoss::Expected);
     let _ = run.servers[0].stop().await;
     Ok(corrupt_report(verdict, notes, run.started))
+}
+
+/// Damage while idemd serves, in the file's last data page, which no
+/// request reads and the scrub (slowed to [`SCRUB_RATE`]) has not reached
+/// since it was written: the scrub must find it within its bound, health
+/// turn NOT_SERVING, and no answer before or after be wrong.
+pub async fn damage_unscrubbed(setup: &Setup<'_>) -> anyhow::Result<Report> {
+    let dir = tempfile::tempdir()?;
+    let server = scrubbed_server(setup, dir.path())?;
+    let mut run = Run::start_with(vec![server], &setup.load, dir).await?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // No more requests: nothing but the scrub may meet the damage; and
+    // after the last checkpoint no write may overwrite it.
+    run.history.phase("stopping");
+    run.stop_clients().await?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let path = run.servers[0].data_dir.join("idemd.redb");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)?;
+    let pages = file.metadata()?.len() / 4096;
+    // The last page holding data: the scrub reaches it last.
+    let mut page = pages.saturating_sub(1);
+    let mut bytes = vec![0u8; 4096];
+    use std::os::unix::fs::FileExt as _;
+    while page > 1 {
+        file.read_exact_at(&mut bytes, page * 4096)?;
+        if bytes.iter().any(|b| *b != 0) {
+            break;
+        }
+        page -= 1;
+    }
+    for byte in &mut bytes[1024..1536] {
+        *byte ^= 0x5a;
+    }
+    file.write_all_at(&bytes[1024..1536], page * 4096 + 1024)?;
+    file.sync_data()?;
+    let damaged_at = Instant::now();
+    let bound = scrub_bound(&path)?;
+    let mut notes = vec![format!("page {page} of {pages} damaged while serving")];
+    run.history.phase("damaged");
+    match run.servers[0].until_not_serving(bound).await {
+        Some(_) => notes.push(format!(
+            "NOT_SERVING {} ms after the damage (bound: interval + one scrub pass + {} s = {} ms); {}",
+            damaged_at.elapsed().as_millis(),
+            DETECTION_SLACK.as_secs(),
+            bound.as_millis(),
+            last_damage(&run.servers[0].log())
+        )),
+        None => run.history.unexpected(format!(
+            "still SERVING {} ms after the damage: the scrub did not find it within its bound",
+            bound.as_millis()
+        )),
+    }
+    run.history.phase("check");
+    let finals = workload::finals(&run.servers[0].address, &run.history).await?;
+    let verdict = run.history.verdict(&finals, DataLoss::Expected);
+    let _ = run.servers[0].stop().await;
+    Ok(Report {
+        scenario: "damage-unscrubbed".into(),
+        injected:
+            "512 bytes overwritten in the file's last data page while serving, scrub at 64 KiB/s every 2 s"
+                .into(),
+        verdict,
+        recovery_ms: Vec::new(),
+        notes,
+        seconds: run.started.elapsed().as_secs_f64(),
+    })
+}
+
+/// What the server logged about the damage (who found it), shortened.
+fn last_damage(log: &str) -> String {
+    log.lines()
+        .rev()
+        .find(|line| line.contains("does not match its checksum"))
+        .map(|line| {
+            let found = ["found by the scrub", "found by a read"]
+                .into_iter()
+                .find(|who| line.contains(who))
+                .unwrap_or("found");
+            found.to_string()
+        })
+        .unwrap_or_else(|| "no damage report".to_string())
 }
 
 /// `corrupt-page`'s report, refused start or not (no recovery time: the

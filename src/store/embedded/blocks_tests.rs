@@ -256,3 +256,43 @@ fn a_second_owner_is_refused_before_it_touches_the_sums() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test]
+async fn a_stop_inside_a_resize_needs_no_full_check() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = filled(dir.path()).await;
+    store.close().await.expect("close");
+    drop(store);
+    // What a kill between growing the sums and growing the file leaves,
+    // then (second round) between growing the file and its sums: the
+    // process stopped uncleanly on this boot.
+    let path = dir.path().join(DATABASE_FILE);
+    for grow_data in [false, true] {
+        let sidecar = Sidecar::open(&dir.path().join(SUMS_FILE))
+            .expect("open")
+            .expect("lock");
+        let header = sidecar.header().expect("read").expect("header");
+        sidecar
+            .write_header(&Header {
+                clean: false,
+                ..header
+            })
+            .expect("write");
+        let len = std::fs::metadata(&path).expect("stat").len();
+        if grow_data {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .expect("open");
+            file.set_len(len + 64 * BLOCK as u64).expect("grow");
+        } else {
+            let blocks = sidecar.entry_count().expect("count");
+            sidecar.set_entry_count(blocks + 64).expect("grow sums");
+        }
+        drop(sidecar);
+        let store = EmbeddedStore::open(&options(dir.path())).expect("reopen");
+        assert_eq!(store.full_check_on_open(), None, "grow_data: {grow_data}");
+        assert_eq!(read_all(&store).await, (RECORDS, 0));
+        store.close().await.expect("close");
+    }
+}

@@ -12,13 +12,13 @@
 
 use std::fmt::Display;
 use std::io;
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::blocks::Blocks;
 use super::wal::AppendError;
-use crate::store::StoreError;
+use crate::store::{StoreError, StoreResult};
 
 /// The error of a storage call the caller may retry: `context` names the
 /// call. Shared by the store and the embedded audit log (which prefixes its
@@ -296,6 +296,49 @@ impl Failures {
         }
         self.poisoned = Some(reason);
     }
+}
+
+/// Runs `read` (redb opening or checking the file at start-up) and turns a
+/// panic into the error of a damaged file. redb panics on some damaged files
+/// (e.g. "Malformed allocator state") instead of returning an error; without
+/// this idemd would die with a backtrace instead of a message an operator
+/// can act on. Meanwhile the panic hook stays quiet for this thread only
+/// (the panic is logged instead); panics of other threads are reported as
+/// before.
+pub(super) fn without_panics<T>(path: &Path, read: impl FnOnce() -> T) -> StoreResult<T> {
+    type Hook = dyn Fn(&std::panic::PanicHookInfo<'_>) + Send + Sync;
+    // One swap at a time: two opens interleaving their swaps would restore
+    // each other's quiet hook.
+    static SWAP: Mutex<()> = Mutex::new(());
+    let _swap = SWAP.lock().unwrap_or_else(|e| e.into_inner());
+    let previous: Arc<Hook> = Arc::from(std::panic::take_hook());
+    let opener = std::thread::current().id();
+    let others = Arc::clone(&previous);
+    std::panic::set_hook(Box::new(move |info| {
+        if std::thread::current().id() != opener {
+            others(info);
+        }
+    }));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(read));
+    drop(std::panic::take_hook());
+    std::panic::set_hook(Box::new(move |info| previous(info)));
+    result.map_err(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unreadable".to_string());
+        tracing::error!(path = %path.display(), panic = %what, "redb panicked reading the database file");
+        damaged_because(path, &what)
+    })
+}
+
+/// The error of a damaged database file: names it and says what to do.
+pub(super) fn damaged_because(path: &Path, what: &str) -> StoreError {
+    StoreError::Corrupt(format!(
+        "the database file {} is damaged ({what}); idemd will not serve from it: restore the data directory from a backup",
+        path.display()
+    ))
 }
 
 #[cfg(test)]

@@ -90,6 +90,9 @@
 //! batch. Records it returns (an existing record, a conflict) carry their
 //! sealed response out of the writer thread and are opened by the caller.
 
+pub mod backup;
+#[cfg(test)]
+mod backup_tests;
 mod blocks;
 #[cfg(test)]
 mod blocks_tests;
@@ -122,9 +125,9 @@ use crate::crypto::Keyring;
 use blocks::{Blocks, Scrubber, Trust, VerifiedFile};
 pub use blocks::{DEFAULT_SCRUB_INTERVAL, DEFAULT_SCRUB_RATE, SUMS_FILE, ScrubOptions};
 use checkpoint::{BeforeCheckpoint, Checkpointer};
-use failure::Failures;
 pub use failure::exit_on_storage_failure;
 pub(crate) use failure::storage_error;
+use failure::{Failures, damaged_because, without_panics};
 use fold::Overlay;
 use group::GroupCommit;
 use overlay::{MergedKeys, redb_keys};
@@ -215,62 +218,27 @@ impl std::fmt::Debug for EmbeddedStore {
     }
 }
 
-/// Runs `read` (redb opening or checking the file at start-up) and turns a
-/// panic into the error of a damaged file. redb panics on some damaged files
-/// (e.g. "Malformed allocator state") instead of returning an error; without
-/// this idemd would die with a backtrace instead of a message an operator
-/// can act on. Meanwhile the panic hook stays quiet for this thread only
-/// (the panic is logged instead); panics of other threads are reported as
-/// before.
-fn without_panics<T>(path: &Path, read: impl FnOnce() -> T) -> StoreResult<T> {
-    type Hook = dyn Fn(&std::panic::PanicHookInfo<'_>) + Send + Sync;
-    // One swap at a time: two opens interleaving their swaps would restore
-    // each other's quiet hook.
-    static SWAP: Mutex<()> = Mutex::new(());
-    let _swap = SWAP.lock().unwrap_or_else(|e| e.into_inner());
-    let previous: Arc<Hook> = Arc::from(std::panic::take_hook());
-    let opener = std::thread::current().id();
-    let others = Arc::clone(&previous);
-    std::panic::set_hook(Box::new(move |info| {
-        if std::thread::current().id() != opener {
-            others(info);
-        }
-    }));
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(read));
-    drop(std::panic::take_hook());
-    std::panic::set_hook(Box::new(move |info| previous(info)));
-    result.map_err(|panic| {
-        let what = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unreadable".to_string());
-        tracing::error!(path = %path.display(), panic = %what, "redb panicked reading the database file");
-        damaged_because(path, &what)
-    })
-}
-
-/// The error of a damaged database file: names it and says what to do.
-fn damaged_because(path: &Path, what: &str) -> StoreError {
-    StoreError::Corrupt(format!(
-        "the database file {} is damaged ({what}); idemd will not serve from it: restore the data directory from a backup",
-        path.display()
-    ))
-}
-
 impl EmbeddedStore {
     /// Opens (creating if needed) the database in `options.data_dir`.
     ///
     /// Fails if another process holds the file.
     pub fn open(options: &EmbeddedOptions) -> Result<Self, StoreError> {
-        Self::open_with(options, None)
+        Self::open_with(options, None, false)
+    }
+
+    /// [`Self::open`], reading and checking every page and every block
+    /// first, whatever the checksums say (a restore checks its copy so).
+    pub fn open_checked(options: &EmbeddedOptions) -> Result<Self, StoreError> {
+        Self::open_with(options, None, true)
     }
 
     /// [`Self::open`], running `before_checkpoint` before each checkpoint's
-    /// durable commit (unit tests hold checkpoints back with it).
+    /// durable commit (unit tests hold checkpoints back with it), and
+    /// checking the whole file when `check_all`.
     fn open_with(
         options: &EmbeddedOptions,
         before_checkpoint: BeforeCheckpoint,
+        check_all: bool,
     ) -> Result<Self, StoreError> {
         std::fs::create_dir_all(&options.data_dir).map_err(|e| {
             storage_error(
@@ -318,9 +286,10 @@ impl EmbeddedStore {
         })?;
         let full_check = match &trust {
             Trust::Rebuild(reason) => Some(reason.clone()),
+            Trust::Verified if check_all => Some("asked to check the whole file".to_string()),
             Trust::Verified => None,
         };
-        if let Trust::Rebuild(reason) = trust {
+        if let Some(reason) = &full_check {
             // The checksums cannot vouch for the file: redb checks every
             // page (and a file that fails is refused, even one redb could
             // "repair": its repair drops what it cannot read, which may be
@@ -342,9 +311,12 @@ impl EmbeddedStore {
                 }
                 Err(error) => return Err(damaged_because(&path, &error.to_string())),
             }
-            blocks
-                .rebuild()
-                .map_err(|e| storage_error("cannot compute the block checksums", e))?;
+            match trust {
+                Trust::Rebuild(_) => blocks
+                    .rebuild()
+                    .map_err(|e| storage_error("cannot compute the block checksums", e))?,
+                Trust::Verified => blocks.verify_all()?,
+            }
         }
         let database = Arc::new(database);
         // Create the tables up front so that read transactions never see a
@@ -423,6 +395,12 @@ impl EmbeddedStore {
     /// `None` when it read only what it needed.
     pub fn full_check_on_open(&self) -> Option<&str> {
         self.full_check.as_deref()
+    }
+
+    /// Records in the store (expired ones not yet swept included).
+    pub fn record_count(&self) -> StoreResult<u64> {
+        self.refuse_if_damaged()?;
+        backup::record_count(&self.database)
     }
 
     /// Path of the database file for a data directory.
@@ -668,6 +646,22 @@ impl Store for EmbeddedStore {
 
     fn damage(&self) -> Option<String> {
         self.blocks.damage().map(str::to_string)
+    }
+
+    async fn backup(
+        &self,
+        to: &Path,
+        progress: Arc<dyn Fn(u64) + Send + Sync>,
+    ) -> StoreResult<super::BackupSummary> {
+        // Minutes at 10^7 records: off the async workers. The read
+        // transaction and the overlay snapshot are the store's own handles.
+        let database = Arc::clone(&self.database);
+        let overlay = self.overlay.clone();
+        let to = to.to_path_buf();
+        self.refuse_if_damaged()?;
+        tokio::task::spawn_blocking(move || backup::write(&database, &overlay, &to, &*progress))
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("the backup stopped: {e}")))?
     }
 
     async fn close(&self) -> StoreResult<()> {

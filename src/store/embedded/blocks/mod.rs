@@ -199,12 +199,23 @@ impl Blocks {
                 "the machine stopped without a clean close: blocks written since the last sync may be torn".into(),
             ));
         }
-        if self.sidecar.entry_count()? != blocks {
+        let entries = self.sidecar.entry_count()?;
+        if previous.clean && entries != blocks {
             return Ok(Trust::Rebuild(
                 "its length does not match its checksums (changed by another program?)".into(),
             ));
         }
-        *write_lock(&self.sums) = self.sidecar.entries(blocks)?;
+        // A stop inside a resize: sums are written before the file grows
+        // (more sums than blocks: cut back), and blocks it grew by without
+        // sums are zeros (their sum is known; were they not zeros, their
+        // first read would say so).
+        let mut sums = self.sidecar.entries(entries.min(blocks))?;
+        if entries != blocks {
+            sums.resize(to_index(blocks), zero_sum());
+            self.sidecar.set_entry_count(blocks)?;
+            self.sidecar.write_entries(0, &sums)?;
+        }
+        *write_lock(&self.sums) = sums;
         if !previous.clean
             && let Some((first, count)) = self.sidecar.in_flight()?
         {
@@ -294,6 +305,23 @@ impl Blocks {
         block_count(self.len.load(Ordering::Acquire))
     }
 
+    /// Checks every block now, at full speed: the damage found, if any.
+    pub(super) fn verify_all(&self) -> Result<(), StoreError> {
+        let mut buffer = vec![0u8; 256 * BLOCK];
+        let step = (buffer.len() / BLOCK) as u64;
+        let mut block = 0;
+        while block < self.block_count() {
+            if let Err(error) = self.scrub(block, &mut buffer) {
+                return Err(match self.damage() {
+                    Some(report) => StoreError::Corrupt(report.to_string()),
+                    None => crate::store::embedded::storage_error("cannot check the file", error),
+                });
+            }
+            block += step;
+        }
+        Ok(())
+    }
+
     /// Checks blocks `[first, first + buffer.len() / BLOCK)` (those inside
     /// the file): how many bytes were read. Damage found is reported.
     pub(super) fn scrub(&self, first: u64, buffer: &mut [u8]) -> io::Result<usize> {
@@ -374,6 +402,12 @@ impl Blocks {
     }
 }
 
+/// The sum of a whole block of zeros: what a block the file grew by holds.
+fn zero_sum() -> u32 {
+    static ZERO: OnceLock<u32> = OnceLock::new();
+    *ZERO.get_or_init(|| crc32c(&[0u8; BLOCK]))
+}
+
 /// The path of the sums of the database file at `path`.
 pub(super) fn sums_path(path: &Path) -> PathBuf {
     path.with_file_name(SUMS_FILE)
@@ -436,27 +470,45 @@ impl StorageBackend for VerifiedFile {
         let blocks = &self.0;
         let _io = lock(&blocks.io);
         let old_len = blocks.len.load(Ordering::Acquire);
-        blocks.data.set_len(new_len)?;
-        blocks.len.store(new_len, Ordering::Release);
         let count = block_count(new_len);
-        let old_count = block_count(old_len);
-        // A short last block changes with the length: summed again.
-        let first_changed = if !old_len.is_multiple_of(BLOCK as u64) {
-            old_count - 1
+        // New blocks read as zeros (the backend's contract, and what the
+        // file system gives): their sums are known without reading them,
+        // so growing a 4 GB file by 4 GB costs a write of 4 MB of sums. A
+        // short last block changes with the length: summed again after.
+        let kept = if old_len.is_multiple_of(BLOCK as u64) {
+            block_count(old_len)
         } else {
-            old_count
+            old_len / BLOCK as u64
         }
         .min(count);
-        let mut buffer = vec![0u8; BLOCK];
-        let mut changed = Vec::new();
-        for block in first_changed..count {
-            changed.push(blocks.sum_on_disk(block, &mut buffer)?);
-        }
+        let zeros = zero_sum();
+        let added = vec![zeros; to_index(count - kept)];
+        // Sums first: a stop between the two leaves more sums than blocks,
+        // which the next open cuts back (see `load`).
         blocks.sidecar.set_entry_count(count)?;
-        blocks.sidecar.write_entries(first_changed, &changed)?;
+        blocks.sidecar.write_entries(kept, &added)?;
+        blocks.data.set_len(new_len)?;
+        blocks.len.store(new_len, Ordering::Release);
         let mut sums = write_lock(&blocks.sums);
-        sums.truncate(to_index(first_changed));
-        sums.extend(changed);
+        sums.truncate(to_index(kept));
+        sums.extend(added);
+        drop(sums);
+        // Blocks that are not whole blocks of zeros or untouched: the old
+        // short last block, now longer; the new short last block.
+        let mut partial = Vec::new();
+        if !old_len.is_multiple_of(BLOCK as u64) && kept < count {
+            partial.push(kept);
+        }
+        if !new_len.is_multiple_of(BLOCK as u64) && count > 0 {
+            partial.push(count - 1);
+        }
+        partial.dedup();
+        let mut buffer = vec![0u8; BLOCK];
+        for block in partial {
+            let sum = blocks.sum_on_disk(block, &mut buffer)?;
+            blocks.sidecar.write_entries(block, &[sum])?;
+            write_lock(&blocks.sums)[to_index(block)] = sum;
+        }
         Ok(())
     }
 

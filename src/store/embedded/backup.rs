@@ -1,0 +1,353 @@
+//! Online backup and offline restore of the embedded store.
+//!
+//! # Backup
+//!
+//! A backup is a data directory of its own (`idemd.redb`, its checksums and
+//! `backup.json`), written by the serving process while it goes on serving:
+//! idemd can start on it as it is, or `idemd restore` copies it into place
+//! after checking it. It is logical, not a copy of the file's bytes: one
+//! redb read transaction (MVCC: it never blocks the writer) and the overlay
+//! of writes acknowledged during a running checkpoint are read table by
+//! table, in key order, into a new file.
+//!
+//! What it holds: every key acknowledged before the backup began, with its
+//! state, lease, fingerprint, (sealed) response and expiry, as of that
+//! moment or later. The overlay is taken before the read transaction, so a
+//! key either comes from the overlay (everything acknowledged up to the
+//! start and not yet folded) or from redb as of a moment after the start;
+//! keys are not all of one instant, but none is older than the start. That
+//! is what a restore needs: per key, nothing acknowledged before the
+//! backup is missing or rolled back.
+//!
+//! While it runs, the read transaction keeps redb from reusing the pages
+//! that writes free, so the live file grows by what the writes of that
+//! time rewrite (docs/operations.md has the figures).
+//!
+//! # Restore
+//!
+//! Offline (the store has one owner): the backup is copied beside the data
+//! directory's files, opened with every page and block checked, its records
+//! counted against its manifest, and only then moved into place; the files
+//! it replaces (and the old write-ahead log, whose frames belong to the
+//! old file) are moved into a `replaced-<time>` directory, never deleted.
+
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+
+use super::blocks::{Blocks, SUMS_FILE, VerifiedFile};
+use super::fold::Overlay;
+use super::tables::{EXPIRY, PENDING, RECORDS, RedbTables, record_seq};
+use super::wal::LogTable;
+use super::{DATABASE_FILE, EmbeddedOptions, EmbeddedStore, storage_error};
+use crate::store::{BackupSummary, Store, StoreError, StoreResult};
+
+/// The manifest of a backup, beside its files.
+pub const MANIFEST: &str = "backup.json";
+
+/// Table entries copied per write transaction of the backup: bounds the
+/// memory of one transaction's dirty pages.
+const ENTRIES_PER_COMMIT: u64 = 100_000;
+
+/// Writes a backup of `database` (with the writes in `overlay`) into the new
+/// directory `out`; `progress` is told the records copied so far.
+pub(super) fn write(
+    database: &Database,
+    overlay: &Overlay,
+    out: &Path,
+    progress: &(dyn Fn(u64) + Send + Sync),
+) -> StoreResult<BackupSummary> {
+    let started_at_ms = unix_ms();
+    prepare_empty_dir(out)?;
+    // Overlay first, then redb: see the module docs.
+    let layer = overlay.snapshot();
+    let source = database
+        .begin_read()
+        .map_err(|e| storage_error("begin read", e))?;
+    let (blocks, _) = Blocks::open(&out.join(DATABASE_FILE))?;
+    let target = Database::builder()
+        .create_with_backend(VerifiedFile(blocks))
+        .map_err(|e| storage_error("cannot create the backup", e))?;
+    let mut records = 0u64;
+    for table in [LogTable::Records, LogTable::Expiry, LogTable::Pending] {
+        let changes = layer.table(table);
+        let mut batch: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+        let flush = |batch: &mut Vec<(Vec<u8>, Option<Vec<u8>>)>| -> StoreResult<()> {
+            let mut txn = target
+                .begin_write()
+                .map_err(|e| storage_error("begin write", e))?;
+            txn.set_durability(redb::Durability::None)
+                .map_err(|e| storage_error("begin write", e))?;
+            {
+                let mut tables = RedbTables::open(&txn)?;
+                for (key, value) in batch.drain(..) {
+                    tables
+                        .set(table, &key, Some(value.as_deref().unwrap_or_default()))
+                        .map_err(|e| storage_error("write", e))?;
+                }
+            }
+            txn.commit().map_err(|e| storage_error("commit", e))
+        };
+        let mut copy = |key: &[u8], value: Option<&[u8]>| -> StoreResult<()> {
+            batch.push((key.to_vec(), value.map(<[u8]>::to_vec)));
+            if table == LogTable::Records {
+                records += 1;
+                if records.is_multiple_of(ENTRIES_PER_COMMIT) {
+                    progress(records);
+                }
+            }
+            if batch.len() as u64 >= ENTRIES_PER_COMMIT {
+                flush(&mut batch)?;
+            }
+            Ok(())
+        };
+        // Keys the overlay does not change, from redb, in key order.
+        match table {
+            LogTable::Records => {
+                let source = source
+                    .open_table(RECORDS)
+                    .map_err(|e| storage_error("open", e))?;
+                for entry in source.iter().map_err(|e| storage_error("read", e))? {
+                    let (key, value) = entry.map_err(|e| storage_error("read", e))?;
+                    if !changes.contains_key(key.value()) {
+                        copy(key.value(), Some(value.value()))?;
+                    }
+                }
+            }
+            LogTable::Expiry | LogTable::Pending => {
+                let definition = if table == LogTable::Expiry {
+                    EXPIRY
+                } else {
+                    PENDING
+                };
+                let source = source
+                    .open_table(definition)
+                    .map_err(|e| storage_error("open", e))?;
+                for entry in source.iter().map_err(|e| storage_error("read", e))? {
+                    let (key, ()) = entry
+                        .map(|(key, _)| (key, ()))
+                        .map_err(|e| storage_error("read", e))?;
+                    if !changes.contains_key(key.value()) {
+                        copy(key.value(), None)?;
+                    }
+                }
+            }
+        }
+        // Then what the overlay holds (its removals are simply not copied).
+        for (key, value) in changes {
+            if let Some(value) = value {
+                copy(key, Some(value))?;
+            }
+        }
+        flush(&mut batch)?;
+    }
+    drop(source);
+    // The backup's own log starts empty: nothing of the source's applies.
+    let mut txn = target
+        .begin_write()
+        .map_err(|e| storage_error("begin write", e))?;
+    txn.set_quick_repair(true);
+    record_seq(&txn, 0)?;
+    txn.commit().map_err(|e| storage_error("commit", e))?;
+    drop(target);
+    let bytes = std::fs::metadata(out.join(DATABASE_FILE))
+        .map_err(|e| storage_error("cannot read the backup's size", e))?
+        .len();
+    let summary = BackupSummary {
+        format: 1,
+        started_at_ms,
+        finished_at_ms: unix_ms(),
+        records,
+        bytes,
+        idemd_version: env!("CARGO_PKG_VERSION").to_string(),
+    };
+    write_manifest(out, &summary)?;
+    Ok(summary)
+}
+
+/// What a restore did.
+#[derive(Debug, Clone)]
+pub struct RestoreSummary {
+    /// The backup's manifest.
+    pub backup: BackupSummary,
+    /// Records found in the restored file (equal to the manifest's).
+    pub records: u64,
+    /// Where the files it replaced went, if there were any.
+    pub replaced: Option<PathBuf>,
+    /// Seconds the copy and the check took.
+    pub seconds: f64,
+}
+
+/// Restores the backup in `from` into `options.data_dir` (see the module
+/// docs); refuses a data directory that holds a store unless `replace`.
+pub async fn restore(
+    from: &Path,
+    options: &EmbeddedOptions,
+    replace: bool,
+) -> StoreResult<RestoreSummary> {
+    let started = Instant::now();
+    let manifest = read_manifest(from)?;
+    let data_dir = &options.data_dir;
+    std::fs::create_dir_all(data_dir)
+        .map_err(|e| storage_error(&format!("cannot create {}", data_dir.display()), e))?;
+    let existing: Vec<PathBuf> = list(data_dir)?
+        .into_iter()
+        .filter(|path| is_store_file(path))
+        .collect();
+    if !existing.is_empty() && !replace {
+        return Err(StoreError::Unavailable(format!(
+            "{} already holds a store; stop idemd and pass --replace to move its files aside (they are kept in a replaced-<time> directory)",
+            data_dir.display()
+        )));
+    }
+    // Checked where it will be served from: a copy in the data directory's
+    // file system, opened with every page and block read.
+    let staging = data_dir.join(".restoring");
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging)
+            .map_err(|e| storage_error("cannot clear an earlier unfinished restore", e))?;
+    }
+    std::fs::create_dir_all(&staging).map_err(|e| storage_error("cannot stage the restore", e))?;
+    for name in [DATABASE_FILE, SUMS_FILE] {
+        copy_synced(&from.join(name), &staging.join(name))?;
+    }
+    let mut check = EmbeddedOptions::new(&staging);
+    check.keyring = options.keyring.clone();
+    check.scrub.rate = 0;
+    let records = verify(check).await?;
+    if records != manifest.records {
+        return Err(StoreError::Corrupt(format!(
+            "the backup in {} holds {records} records, its manifest says {}: not restored",
+            from.display(),
+            manifest.records
+        )));
+    }
+    // The old files, the old log included (its frames belong to the old
+    // file), are moved aside: a restore never deletes what it replaces.
+    let replaced = if existing.is_empty() {
+        None
+    } else {
+        let aside = data_dir.join(format!("replaced-{}", unix_ms()));
+        std::fs::create_dir_all(&aside)
+            .map_err(|e| storage_error("cannot move the replaced store aside", e))?;
+        for path in &existing {
+            if let Some(name) = path.file_name() {
+                std::fs::rename(path, aside.join(name))
+                    .map_err(|e| storage_error("cannot move the replaced store aside", e))?;
+            }
+        }
+        Some(aside)
+    };
+    for path in list(&staging)? {
+        if let Some(name) = path.file_name() {
+            std::fs::rename(&path, data_dir.join(name))
+                .map_err(|e| storage_error("cannot move the restored store into place", e))?;
+        }
+    }
+    sync_dir(data_dir)?;
+    std::fs::remove_dir_all(&staging).map_err(|e| storage_error("cannot remove the staging", e))?;
+    Ok(RestoreSummary {
+        backup: manifest,
+        records,
+        replaced,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Opens the store in `options.data_dir` checking every page (redb) and
+/// every block (checksums), counts its records, and closes it.
+async fn verify(options: EmbeddedOptions) -> StoreResult<u64> {
+    let store = tokio::task::spawn_blocking(move || EmbeddedStore::open_checked(&options))
+        .await
+        .map_err(|e| storage_error("the check stopped", e))??;
+    let records = store.record_count()?;
+    store.close().await?;
+    Ok(records)
+}
+
+/// Entries of the records table of `database`.
+pub(super) fn record_count(database: &Database) -> StoreResult<u64> {
+    let txn = database
+        .begin_read()
+        .map_err(|e| storage_error("begin read", e))?;
+    let records = txn
+        .open_table(RECORDS)
+        .map_err(|e| storage_error("open", e))?;
+    records.len().map_err(|e| storage_error("read", e))
+}
+
+/// Whether `path` is one of a store's files (database, checksums, log).
+fn is_store_file(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|name| name.to_str())
+        .is_some_and(|name| {
+            name == DATABASE_FILE || name == SUMS_FILE || name.starts_with("idemd.wal")
+        })
+}
+
+fn list(dir: &Path) -> StoreResult<Vec<PathBuf>> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| storage_error(&format!("cannot list {}", dir.display()), e))?;
+    entries
+        .map(|entry| {
+            entry
+                .map(|entry| entry.path())
+                .map_err(|e| storage_error(&format!("cannot list {}", dir.display()), e))
+        })
+        .collect()
+}
+
+/// Creates `out` (and its parents), which must not exist or be empty.
+fn prepare_empty_dir(out: &Path) -> StoreResult<()> {
+    if out.exists() && !list(out)?.is_empty() {
+        return Err(StoreError::Unavailable(format!(
+            "{} is not empty: a backup goes into a new directory",
+            out.display()
+        )));
+    }
+    std::fs::create_dir_all(out)
+        .map_err(|e| storage_error(&format!("cannot create {}", out.display()), e))
+}
+
+fn write_manifest(out: &Path, summary: &BackupSummary) -> StoreResult<()> {
+    let text = serde_json::to_string_pretty(summary)
+        .map_err(|e| storage_error("cannot write the manifest", e))?;
+    let path = out.join(MANIFEST);
+    std::fs::write(&path, text).map_err(|e| storage_error("cannot write the manifest", e))?;
+    std::fs::File::open(&path)
+        .and_then(|file| file.sync_all())
+        .map_err(|e| storage_error("cannot sync the manifest", e))?;
+    sync_dir(out)
+}
+
+fn read_manifest(from: &Path) -> StoreResult<BackupSummary> {
+    let path = from.join(MANIFEST);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        StoreError::Unavailable(format!(
+            "{} is not a backup made by `idemd backup` (no {MANIFEST}: {e})",
+            from.display()
+        ))
+    })?;
+    serde_json::from_str(&text).map_err(|e| StoreError::Corrupt(format!("{}: {e}", path.display())))
+}
+
+fn copy_synced(from: &Path, to: &Path) -> StoreResult<()> {
+    let context = || format!("cannot copy {} to {}", from.display(), to.display());
+    std::fs::copy(from, to).map_err(|e| storage_error(&context(), e))?;
+    std::fs::File::open(to)
+        .and_then(|file| file.sync_all())
+        .map_err(|e| storage_error(&context(), e))
+}
+
+fn sync_dir(dir: &Path) -> StoreResult<()> {
+    std::fs::File::open(dir)
+        .and_then(|file| file.sync_all())
+        .map_err(|e| storage_error(&format!("cannot sync {}", dir.display()), e))
+}
+
+fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
