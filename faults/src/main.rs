@@ -66,7 +66,7 @@ struct Args {
     #[arg(long)]
     idemd_bin: PathBuf,
     /// Only these scenarios (kill9, pause, torn-wal, corrupt-page,
-    /// damage-unscrubbed, full-disk, cql-node-kill, cql-node-pause, cql-quorum-loss,
+    /// damage-unscrubbed, backup-restore, full-disk, cql-node-kill, cql-node-pause, cql-quorum-loss,
     /// cql-cluster-restart, cql-clock-skew, cql-partition-node,
     /// cql-partition-replica, cql-partition-split; of the CQL ones the
     /// short profile runs the clock skew and the partitions).
@@ -175,6 +175,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if wanted("damage-unscrubbed") {
         report(embedded::damage_unscrubbed(&setup).await?);
+    }
+    if wanted("backup-restore") {
+        report(embedded::backup_restore(&setup).await?);
     }
     if wanted("full-disk") {
         let rounds = match args.profile {

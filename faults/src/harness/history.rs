@@ -157,6 +157,55 @@ impl History {
         expectations(&self.lock())
     }
 
+    /// What was acknowledged so far: the keys a backup taken now must hold,
+    /// each with the response acknowledged for it so far, if any.
+    pub fn acknowledged_now(&self) -> Vec<Expectation> {
+        expectations(&self.lock())
+    }
+
+    /// The verdict on a store restored from a backup taken when
+    /// `acknowledged` was recorded ([`Self::acknowledged_now`]): each of
+    /// those keys must replay what was acknowledged for it then, or, with
+    /// no Complete acknowledged then, be held or completed by one of its
+    /// holders (of the whole run: a holder may have completed it after the
+    /// backup began). Keys first claimed later are not judged.
+    pub fn verdict_as_of(
+        &self,
+        acknowledged: &[Expectation],
+        finals: &HashMap<String, Final>,
+    ) -> Verdict {
+        let inner = self.lock();
+        let mut verdict = Verdict {
+            keys: acknowledged.len(),
+            acked: acknowledged.iter().filter(|e| e.acked.is_some()).count(),
+            statuses: inner.statuses.clone(),
+            undecided: inner.undecided,
+            unexpected: inner.unexpected.clone(),
+            ..Verdict::default()
+        };
+        for expectation in acknowledged {
+            let key = &expectation.key;
+            let tokens = inner.claimed.get(key);
+            let by_holder = |body: &Vec<u8>| {
+                tokens.is_some_and(|tokens| tokens.iter().any(|t| body == &response_body(key, t)))
+            };
+            match (finals.get(key), &expectation.acked) {
+                (Some(Final::Replayed(body)), Some(acked)) if body == acked => {}
+                (Some(Final::Replayed(body)), None) if by_holder(body) => {}
+                (Some(Final::InProgress), None) => {}
+                (found, acked) => verdict.lost.push(format!(
+                    "{key}: expected {} (as of the backup), found {found:?}",
+                    if acked.is_some() {
+                        "the acknowledged response"
+                    } else {
+                        "the claim held or completed by its holder"
+                    }
+                )),
+            }
+        }
+        verdict
+    }
+
     /// The verdict, given what the final reads found (`finals`: key →
     /// what the server held after the heal); `data_loss` says how a key
     /// answered `DATA_LOSS` counts.
