@@ -11,7 +11,7 @@ IDEMD_BIN ?= $(TARGET_DIR)/debug/idemd
 IDEMD_TEST_CERTS ?= $(TARGET_DIR)/test-certs
 SDKS := python go typescript java
 
-.PHONY: all build release test fmt-check clippy cargo-test cql-test cql-scale cql-scale-smoke observability-test helm-test sdk-test $(addprefix sdk-,$(SDKS)) test-certs fuzz-smoke deny bench bench-proxy bench-smoke bench-soak faults faults-smoke run clean
+.PHONY: all build release test fmt-check clippy cargo-test cql-test cql-scale cql-scale-smoke observability-test helm-test sdk-test $(addprefix sdk-,$(SDKS)) test-certs fuzz-smoke deny bench bench-proxy bench-startup bench-smoke bench-soak faults faults-smoke run clean
 
 all: build
 
@@ -118,6 +118,18 @@ bench:
 
 ## bench-proxy: the overhead of `idemd proxy` against calling its upstream
 ## directly, with wrk (installed from Debian), at 1 and 64 in flight.
+## bench-startup: restart time of the embedded store at 10^5, 10^6 and 10^7
+## records (filled in-process), warm and with the page cache dropped (needs
+## root; skipped and said otherwise), after a clean stop and after kill -9
+## under load; then `idemd backup` of the 10^7 store under load. Needs ~8 GB
+## of disk under $(STARTUP_DIR) (kept: a second run skips the fill).
+STARTUP_DIR ?= $(TARGET_DIR)/startup-store
+bench-startup:
+	$(CARGO) build --release -p idemd -p idemd-bench
+	$(TARGET_DIR)/release/idemd-bench startup --idemd-bin $(TARGET_DIR)/release/idemd \
+		--sizes 100000,1000000,10000000 --dir $(STARTUP_DIR) --backup \
+		--json $(TARGET_DIR)/bench-startup.json
+
 bench-proxy:
 	$(CARGO) build --release -p idemd -p idemd-bench
 	CARGO_TARGET_DIR=$(TARGET_DIR) bench/scripts/proxy.sh $(PROXY_BENCH_DURATION)

@@ -94,6 +94,9 @@ struct Row {
     errors: u64,
     /// Size of the data directory (redb file and logs).
     bytes: u64,
+    /// Peak resident memory of idemd in the window (MiB): shown flat as
+    /// the store grows, or not.
+    rss_mib: f64,
     bytes_per_record: f64,
     /// The store's side of the window, from its metrics.
     stages: StageReport,
@@ -512,6 +515,11 @@ async fn fill(args: &GrowthArgs, bin: &Path, dir: &Path, ports: Ports) -> Result
                 p999_ms: result.percentile_ms(0.999),
                 errors: result.errors + result.errors_outside_window,
                 bytes,
+                rss_mib: result
+                    .usage
+                    .iter()
+                    .find(|(role, _)| role == "server")
+                    .map_or(0.0, |(_, usage)| usage.peak_rss_bytes as f64 / 1048576.0),
                 bytes_per_record: bytes as f64 / records.max(1) as f64,
                 stages: stage_report(&window_scrape),
                 sweeps,
@@ -569,7 +577,7 @@ async fn fill(args: &GrowthArgs, bin: &Path, dir: &Path, ports: Ports) -> Result
 
 fn row_line(row: &Row) -> String {
     format!(
-        "{:>4} {:>9} records  {:>7.0} pairs/s  p50 {:.2}  p99 {:.2}  p999 {:.2} ms  ({:.1}x)  {:.0} B/rec  store write p50/p99/p999 {:.2}/{:.2}/{:.2} ms  worst 0.1%: {}  checkpoints {} (p99 {:.1} ms)  sweep batches {} ({:.0} ms)",
+        "{:>4} {:>9} records  {:>7.0} pairs/s  p50 {:.2}  p99 {:.2}  p999 {:.2} ms  ({:.1}x)  {:.0} B/rec  RSS {:.1} MiB  store write p50/p99/p999 {:.2}/{:.2}/{:.2} ms  worst 0.1%: {}  checkpoints {} (p99 {:.1} ms)  sweep batches {} ({:.0} ms)",
         match row.port {
             Port::Grpc => "grpc",
             Port::Http => "http",
@@ -581,6 +589,7 @@ fn row_line(row: &Row) -> String {
         row.p999_ms,
         row.p999_ms / row.p50_ms.max(1e-9),
         row.bytes_per_record,
+        row.rss_mib,
         row.stages.write.0,
         row.stages.write.1,
         row.stages.write.2,
@@ -596,7 +605,7 @@ fn row_line(row: &Row) -> String {
 /// window.
 fn markdown(rows: &[Row]) -> String {
     let mut out = String::from(
-        "| port | records after | pairs/s | vs first | p50 / p99 / p999 ms | p999/p50 | B/record | store write p99 / p999 ms | worst 0.1% of store writes by stage | checkpoints (p99 ms) | sweep batches (ms) |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| port | records after | pairs/s | vs first | p50 / p99 / p999 ms | p999/p50 | B/record | RSS MiB | store write p99 / p999 ms | worst 0.1% of store writes by stage | checkpoints (p99 ms) | sweep batches (ms) |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let mut first: BTreeMap<&str, f64> = BTreeMap::new();
     for row in rows {
@@ -607,7 +616,7 @@ fn markdown(rows: &[Row]) -> String {
         let base = *first.entry(port).or_insert(row.pairs_per_s);
         let _ = writeln!(
             out,
-            "| {port} | {} | {:.0} | {:.2} | {:.1} / {:.1} / {:.1} | {:.1} | {:.0} | {:.1} / {:.1} | {} | {} ({:.0}) | {} ({:.0}) |",
+            "| {port} | {} | {:.0} | {:.2} | {:.1} / {:.1} / {:.1} | {:.1} | {:.0} | {:.1} | {:.1} / {:.1} | {} | {} ({:.0}) | {} ({:.0}) |",
             row.records,
             row.pairs_per_s,
             row.pairs_per_s / base.max(1e-9),
@@ -616,6 +625,7 @@ fn markdown(rows: &[Row]) -> String {
             row.p999_ms,
             row.p999_ms / row.p50_ms.max(1e-9),
             row.bytes_per_record,
+            row.rss_mib,
             row.stages.write.1,
             row.stages.write.2,
             row.stages.worst(),

@@ -54,6 +54,11 @@ pub struct StartupArgs {
     /// Write the rows as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// After the largest size: `idemd backup` of the serving store while
+    /// fresh pairs run at 64 in flight, with the latency of those pairs
+    /// during the backup against a window without one.
+    #[arg(long)]
+    pub backup: bool,
 }
 
 /// One size's figures (milliseconds to the first answered Claim).
@@ -107,6 +112,10 @@ async fn measure(args: &StartupArgs, bin: &Path, dir: &Path) -> Result<bool> {
     let mut sizes = args.sizes.clone();
     sizes.sort_unstable();
     for size in sizes {
+        if size < filled {
+            eprintln!("skipping {size} records: the store in --dir already holds {filled}");
+            continue;
+        }
         if size > filled {
             let started = Instant::now();
             fill(&data, filled, size).await?;
@@ -153,12 +162,109 @@ async fn measure(args: &StartupArgs, bin: &Path, dir: &Path) -> Result<bool> {
     }
     let mut out = String::new();
     writeln!(out, "{}", markdown(&rows, can_drop))?;
+    if args.backup {
+        writeln!(
+            out,
+            "{}",
+            backup_under_load(bin, &data, &dir.join("idemd-backup.log"), dir).await?
+        )?;
+    }
     println!("{out}");
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&rows)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(rows.iter().all(|row| row.full_checks.is_empty()))
+}
+
+/// Fresh pairs at 64 in flight for `duration` through `client`.
+fn pairs(duration: Duration) -> LoadSpec {
+    LoadSpec {
+        workload: Workload::Fresh,
+        concurrency: 64,
+        duration,
+        warmup: Duration::ZERO,
+        rate: None,
+        conflict_group: 1,
+        replay_keys: 0,
+        check_exclusive: false,
+        sample: Vec::new(),
+        progress_every: None,
+    }
+}
+
+/// The latency line of `result`.
+fn latency(result: &load::LoadResult) -> String {
+    format!(
+        "{:.0} pairs/s, p50 {:.2} ms, p99 {:.2} ms, p999 {:.2} ms, errors {}",
+        result.throughput(),
+        result.percentile_ms(0.5),
+        result.percentile_ms(0.99),
+        result.percentile_ms(0.999),
+        result.errors
+    )
+}
+
+/// `idemd backup` of the store in `data` while idemd serves fresh pairs:
+/// how long it takes, and the pairs' latency during it against 10 s
+/// before it.
+async fn backup_under_load(bin: &Path, data: &Path, log: &Path, dir: &Path) -> Result<String> {
+    let (server, address) = start(bin, data, log).await?;
+    wait_ready(&server, address, Instant::now()).await?;
+    let client = Arc::new(Client::Grpc(
+        Grpc::connect(&format!("http://{address}"), 4).await?,
+    ));
+    let before = load::run(Arc::clone(&client), &pairs(Duration::from_secs(10))).await?;
+    let out = dir.join(format!("backup-{}", crate::ids::run_id()));
+    let started = Instant::now();
+    let mut backup = tokio::process::Command::new(bin)
+        .arg("backup")
+        .arg("--data-dir")
+        .arg(data)
+        .arg("--to")
+        .arg(&out)
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    // Windows of load until the backup is done, merged.
+    let mut during: Option<load::LoadResult> = None;
+    let status = loop {
+        let window = load::run(Arc::clone(&client), &pairs(Duration::from_secs(2))).await?;
+        match &mut during {
+            Some(during) => {
+                during.ops += window.ops;
+                during.errors += window.errors;
+                during.elapsed += window.elapsed;
+                during.histogram.add(&window.histogram)?;
+            }
+            None => during = Some(window),
+        }
+        if let Some(status) = backup.try_wait()? {
+            break status;
+        }
+    };
+    let took = started.elapsed();
+    let said = match backup.stdout.take() {
+        Some(mut stdout) => {
+            let mut text = String::new();
+            tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut text).await?;
+            text.trim().to_string()
+        }
+        None => String::new(),
+    };
+    server.stop().await?;
+    let _ = std::fs::remove_dir_all(&out);
+    if !status.success() {
+        bail!("idemd backup failed ({status})");
+    }
+    let during = during.context("no load window")?;
+    let line = format!(
+        "Backup under load: {:.1} s ({said}).\n\n- fresh pairs at 64 in flight, 10 s before: {}\n- during the backup: {}\n",
+        took.as_secs_f64(),
+        latency(&before),
+        latency(&during)
+    );
+    eprintln!("{line}");
+    Ok(line)
 }
 
 /// How the idemd before a cold start was stopped.
@@ -186,19 +292,8 @@ async fn restart(
         let client = Arc::new(Client::Grpc(
             Grpc::connect(&format!("http://{address}"), 4).await?,
         ));
-        let spec = LoadSpec {
-            workload: Workload::Fresh,
-            concurrency: 64,
-            duration: Duration::from_secs(10),
-            warmup: Duration::ZERO,
-            rate: None,
-            conflict_group: 1,
-            replay_keys: 0,
-            check_exclusive: false,
-            sample: Vec::new(),
-            progress_every: None,
-        };
-        let load = tokio::spawn(async move { load::run(client, &spec).await });
+        let load =
+            tokio::spawn(async move { load::run(client, &pairs(Duration::from_secs(10))).await });
         tokio::time::sleep(Duration::from_secs(3)).await;
         server.kill().await?;
         load.abort();
