@@ -109,6 +109,10 @@ fn files_containing(dir: &Path, needle: &[u8]) -> (Vec<PathBuf>, Vec<PathBuf>) {
                 stack.push(path);
                 continue;
             }
+            // The admin socket (`idemd backup` talks to it) holds no data.
+            if !path.is_file() {
+                continue;
+            }
             let bytes = std::fs::read(&path).expect("read data file");
             if bytes.windows(needle.len()).any(|w| w == needle) {
                 found.push(path.clone());
