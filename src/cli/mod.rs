@@ -1,9 +1,12 @@
-//! Subcommands that are clients of a running server: `idemd audit` and
-//! `idemd keys`. They are gRPC clients like any other (the embedded store
-//! has one owner, and the tenant must come from credentials), sharing the
-//! connection flags of [`ConnectArgs`] and the exit codes of [`CliError`].
+//! Operator subcommands. `idemd audit` and `idemd keys` are clients of a
+//! running server: gRPC clients like any other (the embedded store has one
+//! owner, and the tenant must come from credentials), sharing the
+//! connection flags of [`ConnectArgs`]. `idemd copy-to-cql` is the
+//! exception that needs the server stopped: it reads the embedded store
+//! itself ([`copy_to_cql`]). All share the exit codes of [`CliError`].
 
 pub mod audit;
+pub mod copy_to_cql;
 pub mod keys;
 
 pub use audit::{audit, parse_since};

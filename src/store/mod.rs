@@ -19,14 +19,16 @@
 //! (ScyllaDB / Cassandra lightweight transactions, many replicas); and
 //! [`memory`], nothing durable, for the engine's unit tests and benchmarks.
 //! What backends share sits here, above them: [`response`] (a stored
-//! response's bytes, sealed or not) and [`instrumented`] (metrics and spans
-//! around any backend).
+//! response's bytes, sealed or not), [`instrumented`] (metrics and spans
+//! around any backend) and [`transfer`] (copying records from one store
+//! into another as they are: the move from the embedded store to CQL).
 
 pub mod cql;
 pub mod embedded;
 pub mod instrumented;
 pub mod memory;
 pub mod response;
+pub mod transfer;
 
 use std::time::Duration;
 

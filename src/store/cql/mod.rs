@@ -211,8 +211,15 @@ impl Store for CqlStore {
                 Insert::Exists(existing) => InsertOutcome::Exists(existing),
             };
             crash_point("claim-after-insert");
-            if let (InsertOutcome::Exists(_), Some(due), Some(slot)) =
+            // The entry just written is this insert's own, unless the
+            // existing record is due at the same instant: then it is
+            // (also) that record's entry, same primary key, and deleting
+            // it would hide the record from ListPending. Two claims of a
+            // key in one millisecond, or a record copied again by `idemd
+            // copy-to-cql` (`store::transfer`), meet that case.
+            if let (InsertOutcome::Exists(existing), Some(due), Some(slot)) =
                 (&outcome, record.pending_since_ms(), slot)
+                && existing.pending_since_ms() != Some(due)
             {
                 self.index.delete(&record.id, due, &[slot]).await;
             }

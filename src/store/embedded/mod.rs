@@ -92,6 +92,7 @@
 
 mod checkpoint;
 pub mod codec;
+pub mod export;
 mod failure;
 mod fold;
 pub(crate) mod group;
