@@ -148,7 +148,7 @@ fn main() -> ExitCode {
                 Err(code) => return code,
             };
             return match runtime.block_on(idemd::cli::copy_to_cql::run(&args)) {
-                Ok(()) => ExitCode::SUCCESS,
+                Ok(_) => ExitCode::SUCCESS,
                 Err(error) => {
                     eprintln!("idemd copy-to-cql: {error}");
                     ExitCode::from(error.exit_code())

@@ -33,8 +33,8 @@ use crate::store::{Record, Store, StoreResult};
 const PAGES_AHEAD: usize = 4;
 
 /// Runs `idemd copy-to-cql`; the summary goes to stdout, progress to
-/// stderr.
-pub async fn run(args: &CopyToCqlArgs) -> Result<(), CliError> {
+/// stderr. Conflicts are an error, after the whole copy.
+pub async fn run(args: &CopyToCqlArgs) -> Result<CopyReport, CliError> {
     let settings = Settings::from_copy_args(args)
         .map_err(|e| CliError::Usage(format!("invalid configuration: {e}")))?;
     let StoreSettings::Cql(cql) = &settings.store else {
@@ -93,7 +93,7 @@ pub async fn run(args: &CopyToCqlArgs) -> Result<(), CliError> {
             report.conflict_keys.join("; ")
         )));
     }
-    Ok(())
+    Ok(report)
 }
 
 /// The live records of `store`, read a page at a time on a blocking
