@@ -22,6 +22,8 @@
 //!   round-robin matrix, the report's files.
 //! * `scale`: `cql-scale`, one busy tenant's day on the CQL store.
 //! * `growth`: `growth`, one embedded store filled window after window.
+//! * `cutover`: `cutover`, the downtime of the move from the embedded
+//!   store to CQL (`idemd copy-to-cql`, then the start on the CQL store).
 //! * `noop`: `noop-server`, the no-op gRPC baseline.
 //! * `upstream`: `upstream`, the proxy benchmark's HTTP upstream.
 //!
@@ -45,6 +47,7 @@
 
 mod chart;
 mod clients;
+mod cutover;
 mod growth;
 mod ids;
 mod load;
@@ -92,6 +95,10 @@ enum Command {
     /// and the writer's stage breakdown per window; restart time and sweep
     /// cost at the end (issue 30, docs/benchmarks.md).
     Growth(growth::GrowthArgs),
+    /// Fills an embedded store with `--records` live records, then times
+    /// `idemd copy-to-cql` into the cluster and the start of idemd on it:
+    /// the downtime of the move to CQL (docs/deploy.md).
+    Cutover(cutover::CutoverArgs),
     /// Serves the no-op baseline (canned responses); prints its address.
     NoopServer {
         /// Address to listen on (port 0 picks a free one).
@@ -117,7 +124,10 @@ fn main() -> ExitCode {
         Command::Compare(args) => args.common.pin,
         Command::Soak(args) => args.common.pin,
         Command::Growth(args) => args.pin,
-        Command::NoopServer { .. } | Command::Upstream { .. } | Command::CqlScale(_) => false,
+        Command::NoopServer { .. }
+        | Command::Upstream { .. }
+        | Command::CqlScale(_)
+        | Command::Cutover(_) => false,
     };
     // Before the runtime exists, so that every thread it starts inherits
     // the client core.
@@ -142,6 +152,7 @@ fn main() -> ExitCode {
             Command::Soak(args) => suite::soak(args).await,
             Command::CqlScale(args) => scale::run(args).await,
             Command::Growth(args) => growth::run(args).await,
+            Command::Cutover(args) => cutover::run(args).await,
             Command::NoopServer { listen } => noop::serve(listen).await.map(|()| true),
             Command::Upstream { listen, work } => {
                 upstream::serve(listen, work.into()).await.map(|()| true)

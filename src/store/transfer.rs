@@ -7,16 +7,18 @@
 //!
 //! # What a copied record keeps
 //!
-//! Each record is written with [`Store::insert_if_absent`], which writes a
-//! record whole: state, lease token and deadline, attempt, fingerprint,
-//! response, reason, and `expires_at`, from which the backend derives the
-//! TTL left (CQL: `USING TTL` of the remaining window), so the dedup window
-//! ends when it would have ended on the source. The backend indexes the
-//! record as any insert: a record that needs or will need a decision
-//! (IN_PROGRESS, FAILED, UNKNOWN) gets its pending-index entry, a
-//! COMPLETED one none. So after the copy a retry of an acknowledged key
-//! replays, a lease holder can still Complete with its token, and
-//! ListPending lists what it listed before.
+//! Each record is written with [`Store::import`] (an insert-if-absent
+//! that may check and write in two steps, since nothing else writes the
+//! target during a cut-over), which writes a record whole: state, lease
+//! token and deadline, attempt, fingerprint, response, reason, and
+//! `expires_at`, from which the backend derives the TTL left (CQL: `USING
+//! TTL` of the remaining window), so the dedup window ends when it would
+//! have ended on the source. The backend indexes the record as an insert
+//! does: a record that needs or will need a decision (IN_PROGRESS, FAILED,
+//! UNKNOWN) gets its pending-index entry, a COMPLETED one none. So after
+//! the copy a retry of an acknowledged key replays, a lease holder can
+//! still Complete with its token, and ListPending lists what it listed
+//! before.
 //!
 //! # Running it again
 //!
@@ -186,7 +188,7 @@ async fn copy_one(record: Record, target: &dyn Store, clock: &dyn Clock) -> Stor
         if !record.is_live(now_ms) {
             return Ok(Copied::Expired);
         }
-        match target.insert_if_absent(&record, now_ms).await {
+        match target.import(&record, now_ms).await {
             Ok(InsertOutcome::Inserted) => return Ok(Copied::Written),
             Ok(InsertOutcome::Exists(existing)) if existing == record => {
                 return Ok(Copied::Present);
