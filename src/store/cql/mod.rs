@@ -5,9 +5,10 @@
 //! [`Store`] by delegating to them, in the order below:
 //!
 //! * `records`: the `records` table, one row per (tenant, endpoint, key),
-//!   written only with lightweight transactions, and the resolution of
-//!   their uncertain outcomes (never a guess: [`StoreError::Uncertain`]).
-//!   It also seals stored responses with the keyring, if any.
+//!   written only with lightweight transactions (but for records imported
+//!   while no idemd serves), and the resolution of their uncertain
+//!   outcomes (never a guess: [`StoreError::Uncertain`]). It also seals
+//!   stored responses with the keyring, if any.
 //! * `pending`: the pending index ListPending reads, bucketed by due
 //!   instant and sharded by key, with a per-tenant watermark its sealer
 //!   keeps behind the clock ([`Store::maintain`]).
@@ -42,6 +43,9 @@
 //!   (`PendingIndex::after_completion`).
 //! * Every other transition: the new entry (if any), the LWT, then the old
 //!   entry's delete before the reply.
+//! * Import (a record copied from another store by `idemd copy-to-cql`,
+//!   while no idemd serves): a QUORUM read, the entry, then a plain write
+//!   (`records::import` says why no Paxos round is needed there).
 //!
 //! A fresh pair thus costs two LWTs and one plain write on the reply path.
 //! It is only as durable as the replicas' commit log: an acknowledged LWT
