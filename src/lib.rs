@@ -47,8 +47,9 @@
 //!   `/metrics`), which sets `TCP_NODELAY` on each connection.
 //! * [`metrics`]: every Prometheus metric name and help text, the label
 //!   cardinality guard and the `/metrics` exporter.
-//! * [`cli`]: subcommands that are clients of a running server
-//!   (`idemd audit`, `idemd keys`).
+//! * [`cli`]: operator subcommands: clients of a running server
+//!   (`idemd audit`, `idemd keys`), and `idemd copy-to-cql`, which copies a
+//!   stopped embedded store into a CQL keyspace.
 //! * [`clock`]: the time source, injectable so leases and TTLs are testable
 //!   without sleeping.
 //! * [`proto`]: the generated protobuf and gRPC code.

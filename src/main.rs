@@ -168,6 +168,20 @@ fn main() -> ExitCode {
                 }
             };
         }
+        Some(Command::CopyToCql(args)) => {
+            init_logging("warn", args.log_format);
+            let runtime = match runtime() {
+                Ok(runtime) => runtime,
+                Err(code) => return code,
+            };
+            return match runtime.block_on(idemd::cli::copy_to_cql::run(&args)) {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("idemd copy-to-cql: {error}");
+                    ExitCode::from(error.exit_code())
+                }
+            };
+        }
         None => Settings::from_args(&cli.serve),
     };
     let settings = match settings {

@@ -415,7 +415,11 @@ async fn start(args: &GrowthArgs, bin: &Path, dir: &Path, ports: Ports) -> Resul
 }
 
 /// Time from now until a Claim on the gRPC port succeeds.
-async fn wait_ready(server: &mut Server, address: SocketAddr, since: Instant) -> Result<Duration> {
+pub(crate) async fn wait_ready(
+    server: &mut Server,
+    address: SocketAddr,
+    since: Instant,
+) -> Result<Duration> {
     let url = format!("http://{address}");
     let probe = format!("ready-{}", crate::ids::run_id());
     loop {

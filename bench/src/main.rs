@@ -24,6 +24,8 @@
 //! * `growth`: `growth`, one embedded store filled window after window.
 //! * `startup`: `startup`, restart time of the embedded store as it grows,
 //!   warm and with the page cache dropped.
+//! * `cutover`: `cutover`, the downtime of the move from the embedded
+//!   store to CQL (`idemd copy-to-cql`, then the start on the CQL store).
 //! * `noop`: `noop-server`, the no-op gRPC baseline.
 //! * `upstream`: `upstream`, the proxy benchmark's HTTP upstream.
 //!
@@ -47,6 +49,7 @@
 
 mod chart;
 mod clients;
+mod cutover;
 mod growth;
 mod ids;
 mod load;
@@ -99,6 +102,10 @@ enum Command {
     /// warm, after kill -9 under load and after a clean stop with the page
     /// cache dropped (issue 36, docs/benchmarks.md).
     Startup(startup::StartupArgs),
+    /// Fills an embedded store with `--records` live records, then times
+    /// `idemd copy-to-cql` into the cluster and the start of idemd on it:
+    /// the downtime of the move to CQL (docs/deploy.md).
+    Cutover(cutover::CutoverArgs),
     /// Serves the no-op baseline (canned responses); prints its address.
     NoopServer {
         /// Address to listen on (port 0 picks a free one).
@@ -128,6 +135,7 @@ fn main() -> ExitCode {
         | Command::Upstream { .. }
         | Command::CqlScale(_)
         | Command::Startup(_) => false,
+        Command::Cutover(_) => false,
     };
     // Before the runtime exists, so that every thread it starts inherits
     // the client core.
@@ -153,6 +161,7 @@ fn main() -> ExitCode {
             Command::CqlScale(args) => scale::run(args).await,
             Command::Growth(args) => growth::run(args).await,
             Command::Startup(args) => startup::run(args).await,
+            Command::Cutover(args) => cutover::run(args).await,
             Command::NoopServer { listen } => noop::serve(listen).await.map(|()| true),
             Command::Upstream { listen, work } => {
                 upstream::serve(listen, work.into()).await.map(|()| true)

@@ -1,12 +1,16 @@
-//! Subcommands that are clients of a running server: `idemd audit` and
-//! `idemd keys`. They are gRPC clients like any other (the embedded store
-//! has one owner, and the tenant must come from credentials), sharing the
-//! connection flags of [`ConnectArgs`] and the exit codes of [`CliError`].
-//! `idemd backup` talks to the server's admin socket instead, and `idemd
-//! restore` works on a stopped store's files ([`backup`]).
+//! Operator subcommands. `idemd audit` and `idemd keys` are clients of a
+//! running server: gRPC clients like any other (the embedded store has one
+//! owner, and the tenant must come from credentials), sharing the
+//! connection flags of [`ConnectArgs`]. `idemd backup` asks a running
+//! server through the admin socket in its data directory instead (a
+//! backup is every tenant's data, not an API call); `idemd restore` and
+//! `idemd copy-to-cql` need the server stopped: they work on the embedded
+//! store's files themselves ([`backup`], [`copy_to_cql`]). All share the
+//! exit codes of [`CliError`].
 
 pub mod audit;
 pub mod backup;
+pub mod copy_to_cql;
 pub mod keys;
 
 pub use audit::{audit, parse_since};

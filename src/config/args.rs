@@ -64,6 +64,12 @@ pub enum Command {
     Backup(BackupArgs),
     /// Check a backup and restore it into a data directory (idemd stopped).
     Restore(RestoreArgs),
+    /// Copy every live record of a stopped embedded store into a CQL
+    /// keyspace, as it is (state, lease, fingerprint, response, remaining
+    /// ttl): the move to ScyllaDB (docs/deploy.md). Safe to run again
+    /// (exit codes: 2 configuration or idemd still running, 3 the target
+    /// holds different records, 4 a store failed).
+    CopyToCql(CopyToCqlArgs),
 }
 
 /// How the client subcommands (`idemd audit`, `idemd keys`) reach a
@@ -390,6 +396,38 @@ pub struct RestoreArgs {
     /// a `replaced-<time>` directory there, not deleted).
     #[arg(long)]
     pub replace: bool,
+}
+
+/// Flags of `idemd copy-to-cql`: the source's data directory and the
+/// target's flags, named and read from the environment as `idemd serve`
+/// names them, so the new deployment's environment configures the target
+/// exactly as `--store cql` would.
+#[derive(Debug, Clone, Args)]
+pub struct CopyToCqlArgs {
+    /// The embedded store to copy (idemd stopped).
+    #[arg(long, env = "IDEMD_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+    /// Page cache of the embedded store's database file, in bytes.
+    #[arg(long, env = "IDEMD_STORE_CACHE_BYTES", default_value_t = embedded::DEFAULT_CACHE_BYTES)]
+    pub store_cache_bytes: usize,
+    /// The target cluster.
+    #[command(flatten)]
+    pub cql: CqlArgs,
+    /// Keyring file (`--encryption-keys` of `idemd serve`): opens the
+    /// responses the embedded store sealed and seals them in the cluster.
+    /// The new deployment must use the same keyring.
+    #[arg(long, env = "IDEMD_ENCRYPTION_KEYS")]
+    pub encryption_keys: Option<PathBuf>,
+    /// TOML policy file of `idemd serve` (the longest ttl of its policies
+    /// bounds what the pending index keeps).
+    #[arg(long, env = "IDEMD_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Records written at once.
+    #[arg(long, default_value_t = crate::store::transfer::DEFAULT_IN_FLIGHT)]
+    pub in_flight: usize,
+    /// Log format.
+    #[arg(long, env = "IDEMD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
+    pub log_format: LogFormat,
 }
 
 /// Flags of `idemd serve`.

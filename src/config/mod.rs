@@ -51,9 +51,9 @@ mod policies;
 pub mod routes;
 
 pub use args::{
-    AuditArgs, BackupArgs, Cli, Command, ConnectArgs, CqlArgs, KeyRef, KeysArgs, KeysCommand,
-    LogFormat, MigrateArgs, OutputFormat, ProxyArgs, RestoreArgs, ServeArgs, ServerArgs, StoreKind,
-    VerdictArgs,
+    AuditArgs, BackupArgs, Cli, Command, ConnectArgs, CopyToCqlArgs, CqlArgs, KeyRef, KeysArgs,
+    KeysCommand, LogFormat, MigrateArgs, OutputFormat, ProxyArgs, RestoreArgs, ServeArgs,
+    ServerArgs, StoreKind, VerdictArgs,
 };
 pub use policies::parse_policies;
 use policies::{load_policies, validate_policy};
@@ -317,18 +317,31 @@ impl Settings {
         Ok(settings)
     }
 
+    /// Builds and validates the settings of `idemd copy-to-cql`: the
+    /// embedded store of `--data-dir` as the source, and the CQL store the
+    /// same flags would give `idemd --store cql` (connection, keyring,
+    /// policies' longest ttl, the seal-grace check) as the target.
+    pub fn from_copy_args(args: &CopyToCqlArgs) -> Result<Self, ConfigError> {
+        let policies = match &args.config {
+            Some(path) => load_policies(path)?,
+            None => PolicySet::default(),
+        };
+        let mut settings = Self::for_data_dir(args.data_dir.clone());
+        settings.store = StoreSettings::Cql(args.cql.options(policies.longest_max_ttl())?);
+        settings.policies = policies;
+        settings.store_cache_bytes = args.store_cache_bytes;
+        settings.encryption_keys = args.encryption_keys.clone();
+        settings.log_format = args.log_format;
+        settings.validate()?;
+        Ok(settings)
+    }
+
     fn from_server_args(args: &ServerArgs) -> Result<Self, ConfigError> {
         let policies = match &args.config {
             Some(path) => load_policies(path)?,
             None => PolicySet::default(),
         };
-        let max_ttl = policies
-            .endpoints
-            .values()
-            .map(|p| p.max_ttl)
-            .chain([policies.default.max_ttl])
-            .max()
-            .unwrap_or_default();
+        let max_ttl = policies.longest_max_ttl();
         let store = match args.store {
             StoreKind::Embedded => StoreSettings::Embedded,
             StoreKind::Cql => StoreSettings::Cql(args.cql.options(max_ttl)?),

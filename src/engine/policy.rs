@@ -90,4 +90,16 @@ impl PolicySet {
     pub fn any_audited(&self) -> bool {
         self.default.audit || self.endpoints.values().any(|policy| policy.audit)
     }
+
+    /// The longest `max_ttl` of any policy: how long a record may live,
+    /// which bounds what a backend keeps for a record it cannot read
+    /// (`CqlOptions::max_ttl`).
+    pub fn longest_max_ttl(&self) -> std::time::Duration {
+        self.endpoints
+            .values()
+            .map(|policy| policy.max_ttl)
+            .chain([self.default.max_ttl])
+            .max()
+            .unwrap_or_default()
+    }
 }

@@ -19,14 +19,16 @@
 //! (ScyllaDB / Cassandra lightweight transactions, many replicas); and
 //! [`memory`], nothing durable, for the engine's unit tests and benchmarks.
 //! What backends share sits here, above them: [`response`] (a stored
-//! response's bytes, sealed or not) and [`instrumented`] (metrics and spans
-//! around any backend).
+//! response's bytes, sealed or not), [`instrumented`] (metrics and spans
+//! around any backend) and [`transfer`] (copying records from one store
+//! into another as they are: the move from the embedded store to CQL).
 
 pub mod cql;
 pub mod embedded;
 pub mod instrumented;
 pub mod memory;
 pub mod response;
+pub mod transfer;
 
 use std::time::Duration;
 
@@ -379,6 +381,18 @@ pub trait Store: Send + Sync + 'static {
     /// one gets [`InsertOutcome::Inserted`]; the others get the winner's
     /// record. Durable before it returns.
     async fn insert_if_absent(&self, record: &Record, now_ms: i64) -> StoreResult<InsertOutcome>;
+
+    /// Writes `record`, copied from another store, as it is (the TTL left
+    /// until its `expires_at`, its index entries as an insert makes them)
+    /// if no live record holds its key; reports the live record otherwise.
+    /// For [`transfer`], while no other process writes this store (the
+    /// cut-over stops every idemd first), so a backend may check and write
+    /// in two steps instead of one atomic insert. Durable before it
+    /// returns; writing the same record again is harmless. The default is
+    /// [`Store::insert_if_absent`].
+    async fn import(&self, record: &Record, now_ms: i64) -> StoreResult<InsertOutcome> {
+        self.insert_if_absent(record, now_ms).await
+    }
 
     /// Replaces the live record for `record.id` with `record` if it meets
     /// `expected`. The replacement must keep `expires_at_ms` (the engine

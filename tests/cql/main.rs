@@ -23,6 +23,7 @@ mod proxy_suite;
 #[macro_use]
 mod store_conformance;
 
+mod copy_to_cql;
 mod cql_cluster;
 mod encryption_cql;
 mod grpc_cql;

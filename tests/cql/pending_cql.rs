@@ -148,6 +148,36 @@ async fn a_tenants_first_claims_create_its_cursor_once() {
     assert_eq!(store.cursors_created(), 1);
 }
 
+/// A losing insert whose record is due at the same instant as the winner
+/// (two claims of one key in one millisecond with the same lease, or one
+/// record inserted twice) wrote the winner's own index entry, same primary
+/// key: deleting "its" entry must not hide the winner from ListPending.
+/// Fails with an empty list when the loser deletes the shared entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_losing_insert_due_at_the_same_instant_keeps_the_winners_entry() {
+    let options = crate::cql_support::migrated_options().await;
+    let store = CqlStore::open(&options).await.expect("open");
+    let tenant = unique("same-instant");
+    let winner = claim_at(&tenant, "k", FUTURE, 2_000);
+    let mut loser = winner.clone();
+    loser.lease_token = "tok-other".into();
+    assert_eq!(
+        store
+            .insert_if_absent(&winner, FUTURE)
+            .await
+            .expect("insert"),
+        InsertOutcome::Inserted
+    );
+    for duplicate in [&loser, &winner] {
+        let outcome = store
+            .insert_if_absent(duplicate, FUTURE)
+            .await
+            .expect("insert");
+        assert_eq!(outcome, InsertOutcome::Exists(winner.clone()));
+    }
+    assert_eq!(pending_keys(&store, &tenant, FUTURE + 2_000).await, ["k"]);
+}
+
 /// 200 claims over several buckets, all completed but three left stale and
 /// one UNKNOWN: sealing moves exactly the four to the overdue partitions,
 /// drops every bucket below the watermark (no row left in them), keeps

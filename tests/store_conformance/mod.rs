@@ -36,6 +36,7 @@ macro_rules! store_conformance_suite {
             pending_rejects_foreign_tokens,
             sweep_removes_only_expired_records,
             responses_round_trip_verbatim,
+            import_writes_records_as_they_are,
         );
     };
     (@tests $make:path; $($name:ident,)*) => {
@@ -556,4 +557,65 @@ pub async fn responses_round_trip_verbatim(store: &Arc<dyn Store>) {
     });
     applied(store, &done, &Expected::matching(&record), NOW).await;
     assert_eq!(store.get(&record.id, NOW).await.expect("get"), Some(done));
+}
+
+/// `Store::import` (the copy from another store): each record lands as it
+/// is, what needs a decision is listed, importing it again finds it
+/// present and keeps it listed, a different record never replaces a live
+/// one, and an expired one is replaced.
+pub async fn import_writes_records_as_they_are(store: &Arc<dyn Store>) {
+    let tenant = unique("import");
+    let then = NOW - 10 * 60_000;
+    let held = in_progress(id(&tenant, "e", "held"), "tok-held", then, HOUR, 24 * HOUR);
+    let stale = in_progress(
+        id(&tenant, "e", "stale"),
+        "tok-stale",
+        then,
+        60_000,
+        24 * HOUR,
+    );
+    let done = completed(
+        &in_progress(id(&tenant, "e", "done"), "tok-done", then, HOUR, 24 * HOUR),
+        then + 5,
+    );
+    let base = in_progress(id(&tenant, "e", "failed"), "tok-f", then, HOUR, 24 * HOUR);
+    let failed = with_state(&base, RecordState::Failed, then + 5);
+    let mut unknown = with_state(&base, RecordState::Unknown, then + 7);
+    unknown.id = id(&tenant, "e", "unknown");
+    let records = [held, stale, done, failed, unknown];
+    for record in &records {
+        let outcome = store.import(record, NOW).await.expect("import");
+        assert_eq!(outcome, InsertOutcome::Inserted, "{}", record.id.key);
+        let stored = store.get(&record.id, NOW).await.expect("get");
+        assert_eq!(stored.as_ref(), Some(record), "stored as it is");
+    }
+    let listed = ["failed", "stale", "unknown"];
+    assert_eq!(pending(store, query(&tenant), NOW).await, listed);
+
+    for record in &records {
+        let again = store.import(record, NOW).await.expect("import again");
+        assert_eq!(again, InsertOutcome::Exists(record.clone()));
+    }
+    assert_eq!(
+        pending(store, query(&tenant), NOW).await,
+        listed,
+        "still listed after a second import"
+    );
+
+    let mut other = records[2].clone();
+    other.fingerprint = vec![9; 32];
+    assert_eq!(
+        store.import(&other, NOW).await.expect("import"),
+        InsertOutcome::Exists(records[2].clone()),
+        "a live record is never replaced"
+    );
+
+    let later = NOW + 25 * HOUR;
+    let fresh = in_progress(id(&tenant, "e", "done"), "tok-new", later, HOUR, HOUR);
+    assert_eq!(
+        store.import(&fresh, later).await.expect("import"),
+        InsertOutcome::Inserted,
+        "an expired record is replaced"
+    );
+    assert_eq!(store.get(&fresh.id, later).await.expect("get"), Some(fresh));
 }

@@ -5,9 +5,10 @@
 //! [`Store`] by delegating to them, in the order below:
 //!
 //! * `records`: the `records` table, one row per (tenant, endpoint, key),
-//!   written only with lightweight transactions, and the resolution of
-//!   their uncertain outcomes (never a guess: [`StoreError::Uncertain`]).
-//!   It also seals stored responses with the keyring, if any.
+//!   written only with lightweight transactions (but for records imported
+//!   while no idemd serves), and the resolution of their uncertain
+//!   outcomes (never a guess: [`StoreError::Uncertain`]). It also seals
+//!   stored responses with the keyring, if any.
 //! * `pending`: the pending index ListPending reads, bucketed by due
 //!   instant and sharded by key, with a per-tenant watermark its sealer
 //!   keeps behind the clock ([`Store::maintain`]).
@@ -42,6 +43,9 @@
 //!   (`PendingIndex::after_completion`).
 //! * Every other transition: the new entry (if any), the LWT, then the old
 //!   entry's delete before the reply.
+//! * Import (a record copied from another store by `idemd copy-to-cql`,
+//!   while no idemd serves): a QUORUM read, the entry, then a plain write
+//!   (`records::import` says why no Paxos round is needed there).
 //!
 //! A fresh pair thus costs two LWTs and one plain write on the reply path.
 //! It is only as durable as the replicas' commit log: an acknowledged LWT
@@ -77,7 +81,7 @@ use pending::PendingIndex;
 pub use pending::legacy::{LegacyReport, copy_legacy_index};
 pub use pending::{BUCKET_MS, SHARDS, SealReport, SealTiming};
 pub use records::CqlStats;
-use records::{Insert, Records};
+use records::{Importer, Insert, Records};
 pub use session::{
     CqlConsistency, CqlOptions, DEFAULT_KEYSPACE, DEFAULT_NODE, DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SEAL_GRACE, connect, validate_keyspace,
@@ -96,6 +100,8 @@ const INSERT_ROUNDS: usize = 5;
 pub struct CqlStore {
     /// The record table's LWTs.
     records: Records,
+    /// The plain writes of records copied in from another store.
+    importer: Importer,
     /// The pending index, verified against `records` wherever it is read.
     index: PendingIndex,
     /// Shared driver session (connection pools, routing), for the
@@ -126,6 +132,7 @@ impl CqlStore {
     ) -> StoreResult<Self> {
         validate_keyspace(&options.keyspace).map_err(StoreError::Unavailable)?;
         let session = Arc::new(connect(options).await?);
+        let importer = Importer::open(Arc::clone(&session), options, keyring.clone()).await?;
         let records = Records::open(Arc::clone(&session), options, keyring).await?;
         let index = PendingIndex::open(Arc::clone(&session), options).await?;
         let mut cluster_time = Preparer::new(&session, &options.keyspace)
@@ -134,6 +141,7 @@ impl CqlStore {
         statements::idempotent([&mut cluster_time]);
         Ok(Self {
             records,
+            importer,
             index,
             session,
             cluster_time,
@@ -211,8 +219,15 @@ impl Store for CqlStore {
                 Insert::Exists(existing) => InsertOutcome::Exists(existing),
             };
             crash_point("claim-after-insert");
-            if let (InsertOutcome::Exists(_), Some(due), Some(slot)) =
+            // The entry just written is this insert's own, unless the
+            // existing record is due at the same instant: then it is
+            // (also) that record's entry, same primary key, and deleting
+            // it would hide the record from ListPending. Two claims of a
+            // key in one millisecond with the same lease, or the same
+            // record inserted twice, meet that case.
+            if let (InsertOutcome::Exists(existing), Some(due), Some(slot)) =
                 (&outcome, record.pending_since_ms(), slot)
+                && existing.pending_since_ms() != Some(due)
             {
                 self.index.delete(&record.id, due, &[slot]).await;
             }
@@ -221,6 +236,18 @@ impl Store for CqlStore {
         Err(StoreError::Unavailable(
             "the key kept changing between statements; nothing was claimed".to_string(),
         ))
+    }
+
+    /// A read, the index entry, then a plain write instead of a Paxos
+    /// round (`records::import` says why that is safe while no idemd
+    /// serves): the copy of a whole store is bound by the LWT's cost.
+    async fn import(&self, record: &Record, now_ms: i64) -> StoreResult<InsertOutcome> {
+        if let Some(existing) = self.get(&record.id, now_ms).await? {
+            return Ok(InsertOutcome::Exists(existing));
+        }
+        self.index.put(record, now_ms).await?;
+        self.importer.write(record, now_ms).await?;
+        Ok(InsertOutcome::Inserted)
     }
 
     async fn replace_if(

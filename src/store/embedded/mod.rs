@@ -98,6 +98,7 @@ mod blocks;
 mod blocks_tests;
 mod checkpoint;
 pub mod codec;
+pub mod export;
 mod failure;
 mod fold;
 pub(crate) mod group;

@@ -1,6 +1,7 @@
 //! The `records` table: one row per (tenant, endpoint, key), written only
 //! with lightweight transactions (Paxos), and the resolution of their
-//! uncertain outcomes.
+//! uncertain outcomes. The one exception is a record copied in from another
+//! store while no idemd serves the keyspace ([`import`]).
 //!
 //! # Statements
 //!
@@ -39,6 +40,7 @@
 
 mod codec;
 mod failure;
+mod import;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,6 +57,7 @@ use crate::crypto::Keyring;
 use crate::store::{CasOutcome, Expected, Record, RecordKey, StoreError, StoreResult};
 use codec::{RECORD_COLUMNS, Values, key_values, record_values, text_value, values};
 use failure::{Failure, classify};
+pub(super) use import::Importer;
 
 /// Lower bound on the timeout of the SERIAL reads that resolve uncertain
 /// writes, whatever the statement timeout.

@@ -1,0 +1,220 @@
+//! `idemd-bench cutover`: the downtime of the move from the embedded store
+//! to a CQL cluster (docs/deploy.md, "Moving from the embedded store to
+//! ScyllaDB"). Fills an embedded store with `--records` live records
+//! written through the store itself (no server: the fill is set-up, not
+//! the measurement), a mix of what a busy node holds (COMPLETED with a
+//! response, IN_PROGRESS, FAILED, UNKNOWN), then times what the cut-over
+//! runs while no idemd serves: `idemd copy-to-cql` (the release binary,
+//! as an operator runs it) and the start of `idemd --store cql` until it
+//! answers its first Claim.
+//!
+//! The keyspace must be reachable at `--cql-nodes`; it is migrated first
+//! (`idemd migrate`, idempotent, not timed). Each run writes tenants of its
+//! own, so runs never meet.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use futures::StreamExt;
+use idemd::store::embedded::{EmbeddedOptions, EmbeddedStore};
+use idemd::store::{InsertOutcome, Record, RecordKey, RecordState, Store, StoredResponse};
+
+use crate::servers;
+
+/// `idemd-bench cutover`.
+#[derive(Debug, Args)]
+pub struct CutoverArgs {
+    /// The idemd binary (default: `idemd` next to this binary).
+    #[arg(long)]
+    pub idemd_bin: Option<PathBuf>,
+    /// Live records in the embedded store.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub records: usize,
+    /// CQL contact points of the target.
+    #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:9042")]
+    pub cql_nodes: Vec<String>,
+    /// `--in-flight` of `idemd copy-to-cql`.
+    #[arg(long, default_value_t = idemd::store::transfer::DEFAULT_IN_FLIGHT)]
+    pub in_flight: usize,
+    /// Keep the filled store here (and reuse it when it exists) instead of
+    /// a scratch directory removed at the end.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Only fill the store (with `--data-dir`): to run the copy by hand.
+    #[arg(long, requires = "data_dir")]
+    pub fill_only: bool,
+}
+
+/// Writes in flight while filling: enough to fill the writer's batches.
+const FILL_IN_FLIGHT: usize = 512;
+
+/// Tenants the records are spread over.
+const TENANTS: usize = 4;
+
+/// Runs the cut-over measurement; false when the copy failed.
+pub async fn run(args: CutoverArgs) -> Result<bool> {
+    let bin = match &args.idemd_bin {
+        Some(bin) => bin.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .map(|dir| dir.join("idemd"))
+            .context("no directory for the idemd binary")?,
+    };
+    let scratch = servers::scratch_dir("cutover")?;
+    let data_dir = args
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| scratch.join("data"));
+    let outcome = measure(&args, &bin, &data_dir, &scratch).await;
+    let _ = std::fs::remove_dir_all(&scratch);
+    outcome
+}
+
+async fn measure(args: &CutoverArgs, bin: &Path, data_dir: &Path, scratch: &Path) -> Result<bool> {
+    if EmbeddedStore::database_path(data_dir).exists() {
+        println!("reusing the store in {}", data_dir.display());
+    } else {
+        fill(data_dir, args.records).await?;
+    }
+    if args.fill_only {
+        return Ok(true);
+    }
+    servers::migrate_cql(bin, &args.cql_nodes).await?;
+
+    let nodes = args.cql_nodes.join(",");
+    let started = Instant::now();
+    let copy = tokio::process::Command::new(bin)
+        .arg("copy-to-cql")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--cql-nodes", &nodes])
+        .args(["--in-flight", &args.in_flight.to_string()])
+        .status()
+        .await
+        .with_context(|| format!("running {} copy-to-cql", bin.display()))?;
+    let copy_time = started.elapsed();
+    if !copy.success() {
+        println!("copy-to-cql failed ({copy})");
+        return Ok(false);
+    }
+
+    let grpc: std::net::SocketAddr = ([127, 0, 0, 1], servers::free_port()?).into();
+    let serve = [
+        "--store",
+        "cql",
+        "--cql-nodes",
+        &nodes,
+        "--listen",
+        &grpc.to_string(),
+        "--metrics-listen",
+        "off",
+    ]
+    .map(String::from);
+    let started = Instant::now();
+    let mut server = servers::start_idemd_on(
+        bin,
+        &scratch.join("cql"),
+        &scratch.join("idemd.log"),
+        &serve,
+        false,
+    )
+    .await?;
+    let start_time = crate::growth::wait_ready(&mut server, grpc, started).await?;
+    server.stop().await?;
+
+    let per_second = args.records as f64 / copy_time.as_secs_f64();
+    println!(
+        "cut-over of {} records: copy {:.1} s ({per_second:.0} records/s), idemd on the CQL store answered its first Claim after {:.2} s; downtime without the old server's stop: {:.1} s",
+        args.records,
+        copy_time.as_secs_f64(),
+        start_time.as_secs_f64(),
+        (copy_time + start_time).as_secs_f64()
+    );
+    Ok(true)
+}
+
+/// Fills a new embedded store in `data_dir` with `records` live records.
+async fn fill(data_dir: &Path, records: usize) -> Result<()> {
+    let started = Instant::now();
+    let store = Arc::new(EmbeddedStore::open(&EmbeddedOptions::new(data_dir))?);
+    let run = crate::ids::run_id();
+    let now_ms = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis(),
+    )?;
+    let mut writes = futures::stream::iter(0..records)
+        .map(|i| {
+            let store = Arc::clone(&store);
+            let record = record(&run, i, now_ms);
+            async move { store.insert_if_absent(&record, now_ms).await }
+        })
+        .buffer_unordered(FILL_IN_FLIGHT);
+    while let Some(outcome) = writes.next().await {
+        if outcome? != InsertOutcome::Inserted {
+            bail!("a fill key existed already");
+        }
+    }
+    drop(writes);
+    store.close().await?;
+    let bytes: u64 = std::fs::read_dir(data_dir)?
+        .filter_map(|entry| entry.ok()?.metadata().ok())
+        .map(|meta| meta.len())
+        .sum();
+    println!(
+        "filled {records} records in {:.1} s ({:.0} MiB on disk)",
+        started.elapsed().as_secs_f64(),
+        bytes as f64 / (1024.0 * 1024.0)
+    );
+    Ok(())
+}
+
+/// Record `i` of the fill: 90 % COMPLETED with a 200-byte response, 8 %
+/// IN_PROGRESS (half of them past their lease), 1 % FAILED, 1 % UNKNOWN;
+/// each in its 24 h window, created in the last hour.
+fn record(run: &str, i: usize, now_ms: i64) -> Record {
+    let state = match i % 100 {
+        0..=89 => RecordState::Completed,
+        90..=97 => RecordState::InProgress,
+        98 => RecordState::Failed,
+        _ => RecordState::Unknown,
+    };
+    let created = now_ms - (i % 3_600_000) as i64;
+    let lease_expires = if i.is_multiple_of(2) {
+        created + 60_000
+    } else {
+        now_ms + 600_000
+    };
+    let completed = state == RecordState::Completed;
+    Record {
+        id: RecordKey {
+            tenant: format!("cutover-{run}-{}", i % TENANTS),
+            endpoint: "POST /v1/payments".into(),
+            key: format!("key-{i:010}"),
+        },
+        state,
+        fingerprint: (i as u64).to_be_bytes().repeat(4),
+        attempt: 1,
+        lease_token: format!("{:032x}", i as u128 * 0x9e37_79b9_7f4a_7c15),
+        attempt_id: String::new(),
+        created_at_ms: created,
+        updated_at_ms: created + 50,
+        lease_expires_at_ms: lease_expires,
+        completed_at_ms: completed.then_some(created + 50),
+        expires_at_ms: created + 24 * 3_600_000,
+        response: completed.then(|| StoredResponse {
+            status: 201,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: format!("{{\"id\":\"pay_{i:010}\",\"status\":\"succeeded\",\"amount\":4200,\"pad\":\"{}\"}}", "x".repeat(120)).into_bytes(),
+            body_ref: String::new(),
+        }),
+        reason: if completed || state == RecordState::InProgress {
+            String::new()
+        } else {
+            "provider timed out".into()
+        },
+    }
+}

@@ -1,0 +1,356 @@
+//! Reading every live record of a stopped embedded store, for `idemd
+//! copy-to-cql` (`crate::cli::copy_to_cql`): the way out of one machine.
+//!
+//! # Contract
+//!
+//! The export sees exactly what a restarted store would serve, because it
+//! *is* a restarted store: [`open_stopped`] opens it with
+//! [`EmbeddedStore::open`] (the write-ahead log's tail replayed, the file
+//! checked as at every start), and [`export_page`] reads the `records`
+//! table through a redb read transaction merged with the overlay, like
+//! every read of the store (the overlay is empty after open, since nothing
+//! writes; it is merged anyway so that the export never depends on that).
+//! Each record is decoded, its response opened with the keyring if it was
+//! sealed, and records expired at the caller's clock are skipped: an
+//! expired record is absent for every method of the store, so it is absent
+//! here too.
+//!
+//! The store must be stopped: redb's file lock allows one owner, and
+//! [`open_stopped`] reports a store another process holds as
+//! [`OpenError::Held`] rather than waiting or reading under a live writer.
+//!
+//! # Memory
+//!
+//! Pages are read in key order, each in its own read transaction, resumed
+//! after the last key of the previous page: memory is one page of records
+//! ([`EXPORT_PAGE`]), whatever the store's size (10^7 records at a 24 h
+//! TTL on one busy node).
+
+use std::collections::btree_map;
+use std::iter::Peekable;
+use std::ops::Bound;
+use std::path::PathBuf;
+
+use redb::{Database, ReadableDatabase, ReadableTableMetadata};
+
+use super::failure::storage_error;
+use super::tables::{RECORDS, decode_loaded};
+use super::{EmbeddedOptions, EmbeddedStore, codec, wal, without_panics};
+use crate::store::{Record, StoreError, StoreResult};
+
+/// Entries of the `records` table read per page: a page of records of
+/// the largest allowed response (4 MiB) would be large, but responses are
+/// capped far lower by default (256 KiB) and typically a few KiB, so a
+/// page is a few MiB at most in practice.
+pub const EXPORT_PAGE: usize = 512;
+
+/// An exclusive upper bound above every record key: a record key starts
+/// with the 2-byte length of its tenant, and tenants are validated far
+/// below 65,280 bytes, so no key starts with `ff ff`.
+const RECORDS_END: [u8; 2] = [0xff, 0xff];
+
+/// Why a store could not be opened for export.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The data directory holds no database file: nothing to export (and
+    /// opening would create an empty store there, hiding a wrong path).
+    #[error("{} does not exist: no embedded store in this data directory", .0.display())]
+    Missing(PathBuf),
+    /// Another process holds the file: a running idemd.
+    #[error("{} is held by another process: stop idemd first (the store is copied while no one writes to it)", .0.display())]
+    Held(PathBuf),
+    /// The store failed to open (damaged file, unreadable log, ...).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Opens a stopped store for export: refuses a missing file and a file
+/// another process holds, then opens it as idemd's start would (replaying
+/// the log's tail). Blocking: call it off the async threads.
+pub fn open_stopped(options: &EmbeddedOptions) -> Result<EmbeddedStore, OpenError> {
+    let path = EmbeddedStore::database_path(&options.data_dir);
+    if !path.is_file() {
+        return Err(OpenError::Missing(path));
+    }
+    // The store's own open reports a held lock like any other storage
+    // error; redb names it, so ask redb first (the handle is dropped
+    // before the real open, which takes the lock for the export).
+    let probe = without_panics(&path, || Database::builder().open(&path))?;
+    // Any other outcome is the store's open to judge and word.
+    if let Err(redb::DatabaseError::DatabaseAlreadyOpen) = probe {
+        return Err(OpenError::Held(path));
+    }
+    drop(probe);
+    Ok(EmbeddedStore::open(options)?)
+}
+
+/// How many entries the `records` table holds, live or expired: the total
+/// a progress line counts towards (expired entries are skipped, so the
+/// copy may end below it).
+pub fn stored_records(store: &EmbeddedStore) -> StoreResult<u64> {
+    let txn = store
+        .database
+        .begin_read()
+        .map_err(|e| storage_error("begin read", e))?;
+    let records = txn
+        .open_table(RECORDS)
+        .map_err(|e| storage_error("open", e))?;
+    let stored = records.len().map_err(|e| storage_error("read", e))?;
+    let overlay = store.overlay.snapshot();
+    // Overlay writes of new keys add to it; an overestimate only makes the
+    // progress line end short of 100 %.
+    Ok(stored + overlay.records.len() as u64)
+}
+
+/// One page of an export.
+#[derive(Debug, Default)]
+pub struct ExportPage {
+    /// The page's live records, in key order, responses opened.
+    pub records: Vec<Record>,
+    /// Where the next page starts (exclusive): the last key read, live or
+    /// not. `None` when the table has no more entries.
+    pub resume_after: Option<Vec<u8>>,
+    /// Entries read, expired ones included.
+    pub scanned: usize,
+}
+
+/// Reads up to `limit` entries of `records` after `after` (from the start
+/// when `None`), keeping those live at `now_ms`. Blocking (redb reads).
+pub fn export_page(
+    store: &EmbeddedStore,
+    after: Option<&[u8]>,
+    limit: usize,
+    now_ms: i64,
+) -> StoreResult<ExportPage> {
+    let start = match after {
+        Some(key) => Bound::Excluded(key),
+        None => Bound::Unbounded,
+    };
+    let overlay = store.overlay.snapshot();
+    let txn = store
+        .database
+        .begin_read()
+        .map_err(|e| storage_error("begin read", e))?;
+    let table = txn
+        .open_table(RECORDS)
+        .map_err(|e| storage_error("open", e))?;
+    let base = table
+        .range::<&[u8]>((start, Bound::Excluded(RECORDS_END.as_slice())))
+        .map_err(|e| storage_error("read", e))?
+        .map(|entry| {
+            entry
+                .map(|(key, value)| (key.value().to_vec(), value.value().to_vec()))
+                .map_err(|e| storage_error("read", e))
+        });
+    let changes = overlay
+        .table(wal::LogTable::Records)
+        .range::<[u8], _>((start, Bound::Unbounded));
+    let mut page = ExportPage::default();
+    for entry in WithOverlay::new(base, changes).take(limit) {
+        let (key, value) = entry?;
+        page.scanned += 1;
+        let id = codec::decode_record_key(&key).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        if let Some(loaded) = decode_loaded(&id, &value, now_ms)? {
+            page.records.push(store.unseal(loaded)?);
+        }
+        page.resume_after = Some(key);
+    }
+    if page.scanned < limit {
+        page.resume_after = None;
+    }
+    Ok(page)
+}
+
+/// Every live record of a store, page by page: an iterator of
+/// [`export_page`]s, each read at the clock `now` gives when it starts.
+/// Ends after the first error.
+pub struct Export<'a, N: FnMut() -> i64> {
+    /// The store read.
+    store: &'a EmbeddedStore,
+    /// The clock expiry is judged by.
+    now: N,
+    /// Where the next page starts; `None` before the first page.
+    after: Option<Vec<u8>>,
+    /// No page follows (the table ended, or a read failed).
+    done: bool,
+}
+
+impl<'a, N: FnMut() -> i64> Export<'a, N> {
+    /// An export of `store` from its first key.
+    pub fn new(store: &'a EmbeddedStore, now: N) -> Self {
+        Self {
+            store,
+            now,
+            after: None,
+            done: false,
+        }
+    }
+}
+
+impl<N: FnMut() -> i64> Iterator for Export<'_, N> {
+    type Item = StoreResult<ExportPage>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let now_ms = (self.now)();
+        let page = export_page(self.store, self.after.as_deref(), EXPORT_PAGE, now_ms);
+        match &page {
+            Ok(page) => match &page.resume_after {
+                Some(key) => self.after = Some(key.clone()),
+                None => self.done = true,
+            },
+            Err(_) => self.done = true,
+        }
+        Some(page)
+    }
+}
+
+/// The entries of a redb range merged with the overlay's changes in the
+/// same range: an overlay entry wins over the base's, a removal hides it.
+/// ([`super::overlay::MergedKeys`] merges keys only; an export needs the
+/// values, and reading each key again would double the reads.)
+struct WithOverlay<'o, B: Iterator<Item = StoreResult<(Vec<u8>, Vec<u8>)>>> {
+    /// `records` entries from redb, in key order.
+    base: Peekable<B>,
+    /// The overlay's changes of `records` in the same range, in key order.
+    changes: Peekable<btree_map::Range<'o, Vec<u8>, Option<Vec<u8>>>>,
+}
+
+impl<'o, B: Iterator<Item = StoreResult<(Vec<u8>, Vec<u8>)>>> WithOverlay<'o, B> {
+    fn new(base: B, changes: btree_map::Range<'o, Vec<u8>, Option<Vec<u8>>>) -> Self {
+        Self {
+            base: base.peekable(),
+            changes: changes.peekable(),
+        }
+    }
+}
+
+impl<B: Iterator<Item = StoreResult<(Vec<u8>, Vec<u8>)>>> Iterator for WithOverlay<'_, B> {
+    type Item = StoreResult<(Vec<u8>, Vec<u8>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let order = match (self.base.peek(), self.changes.peek()) {
+                (None, None) => return None,
+                (Some(Err(_)), _) | (Some(Ok(_)), None) => return self.base.next(),
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (Some(Ok((base, _))), Some((key, _))) => base.as_slice().cmp(key.as_slice()),
+            };
+            match order {
+                std::cmp::Ordering::Less => return self.base.next(),
+                std::cmp::Ordering::Equal => {
+                    self.base.next();
+                }
+                std::cmp::Ordering::Greater => {}
+            }
+            if let Some((key, Some(value))) = self.changes.next()
+                && key.as_slice() < RECORDS_END.as_slice()
+            {
+                return Some(Ok((key.clone(), value.clone())));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::crypto::Keyring;
+    use crate::store::embedded::tests::{NOW, completed};
+    use crate::store::{InsertOutcome, Store};
+
+    const KEYS: &str = "k1 AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
+
+    fn options(dir: &std::path::Path) -> EmbeddedOptions {
+        let mut options = EmbeddedOptions::new(dir);
+        options.keyring = Some(std::sync::Arc::new(
+            Keyring::parse(std::path::Path::new("keys"), KEYS).expect("keyring"),
+        ));
+        options
+    }
+
+    #[tokio::test]
+    async fn every_live_record_comes_out_once_in_pages_with_its_response_opened() {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = EmbeddedStore::open(&options(dir.path())).expect("open");
+        let live = EXPORT_PAGE * 2 + 7;
+        for i in 0..live + 3 {
+            // The last three expire at NOW: absent for the export.
+            let expires = if i < live { NOW + 60_000 } else { NOW };
+            let record = completed(
+                &format!("key-{i:05}"),
+                format!("body {i}").as_bytes(),
+                expires,
+            );
+            let outcome = store
+                .insert_if_absent(&record, NOW - 1)
+                .await
+                .expect("insert");
+            assert_eq!(outcome, InsertOutcome::Inserted);
+        }
+        store.close().await.expect("close");
+        drop(store);
+
+        let store = open_stopped(&options(dir.path())).expect("open stopped");
+        assert_eq!(stored_records(&store).expect("count"), (live + 3) as u64);
+        let pages: Vec<ExportPage> = Export::new(&store, || NOW)
+            .collect::<StoreResult<_>>()
+            .expect("export");
+        assert!(pages.len() >= 3, "paged: {} pages", pages.len());
+        assert!(pages.iter().all(|page| page.records.len() <= EXPORT_PAGE));
+        let records: Vec<Record> = pages.into_iter().flat_map(|page| page.records).collect();
+        assert_eq!(records.len(), live, "expired records are skipped");
+        for (i, record) in records.iter().enumerate() {
+            assert_eq!(record.id.key, format!("key-{i:05}"), "key order, each once");
+            let body = record.response.as_ref().map(|r| r.body.clone());
+            assert_eq!(body, Some(format!("body {i}").into_bytes()), "opened");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_missing_or_held_store_is_refused() {
+        let dir = tempfile::tempdir().expect("dir");
+        let missing = open_stopped(&options(&dir.path().join("none")));
+        assert!(matches!(missing, Err(OpenError::Missing(_))), "{missing:?}");
+        assert!(!dir.path().join("none").exists(), "nothing created");
+
+        let running = EmbeddedStore::open(&options(dir.path())).expect("open");
+        let held = open_stopped(&options(dir.path()));
+        assert!(matches!(held, Err(OpenError::Held(_))), "{held:?}");
+        let message = held.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(message.contains("stop idemd first"), "{message}");
+        running.close().await.expect("close");
+        drop(running);
+        assert!(
+            open_stopped(&options(dir.path())).is_ok(),
+            "free once stopped"
+        );
+    }
+
+    #[test]
+    fn overlay_entries_win_and_removals_hide_base_entries() {
+        let entry = |k: &str, v: &str| Ok((k.as_bytes().to_vec(), v.as_bytes().to_vec()));
+        let base = vec![entry("a", "1"), entry("b", "1"), entry("d", "1")];
+        let mut changes: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
+        changes.insert(b"b".to_vec(), None);
+        changes.insert(b"c".to_vec(), Some(b"2".to_vec()));
+        changes.insert(b"d".to_vec(), Some(b"2".to_vec()));
+        let merged: Vec<(Vec<u8>, Vec<u8>)> =
+            WithOverlay::new(base.into_iter(), changes.range::<[u8], _>(..))
+                .collect::<StoreResult<_>>()
+                .expect("merge");
+        let shown: Vec<(&[u8], &[u8])> = merged
+            .iter()
+            .map(|(k, v)| (k.as_slice(), v.as_slice()))
+            .collect();
+        assert_eq!(
+            shown,
+            [(&b"a"[..], &b"1"[..]), (b"c", b"2"), (b"d", b"2")],
+            "b removed, c added, d replaced"
+        );
+    }
+}
