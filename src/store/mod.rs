@@ -385,11 +385,10 @@ pub trait Store: Send + Sync + 'static {
     /// Writes `record`, copied from another store, as it is (the TTL left
     /// until its `expires_at`, its index entries as an insert makes them)
     /// if no live record holds its key; reports the live record otherwise.
-    /// For [`transfer`], while no other process writes this store (the
-    /// cut-over stops every idemd first), so a backend may check and write
-    /// in two steps instead of one atomic insert. Durable before it
-    /// returns; writing the same record again is harmless. The default is
-    /// [`Store::insert_if_absent`].
+    /// For [`transfer`]. Durable before it returns; writing the same record
+    /// again is harmless. Every backend uses [`Store::insert_if_absent`]
+    /// (the default): the CQL store's LWT rows must not get a plain write,
+    /// whose timestamp could shadow a later LWT's update (docs/scylla.md).
     async fn import(&self, record: &Record, now_ms: i64) -> StoreResult<InsertOutcome> {
         self.insert_if_absent(record, now_ms).await
     }

@@ -5,8 +5,10 @@
 //! [`Store`] by delegating to them, in the order below:
 //!
 //! * `records`: the `records` table, one row per (tenant, endpoint, key),
-//!   written only with lightweight transactions (but for records imported
-//!   while no idemd serves), and the resolution of their uncertain
+//!   written only with lightweight transactions (records copied in by
+//!   `idemd copy-to-cql` too: a plain write beside LWTs on the same rows
+//!   may lose a later LWT's update to a clock ahead; cql-facts, "never mix
+//!   LWT and plain writes"), and the resolution of their uncertain
 //!   outcomes (never a guess: [`StoreError::Uncertain`]). It also seals
 //!   stored responses with the keyring, if any.
 //! * `pending`: the pending index ListPending reads, bucketed by due
@@ -43,9 +45,8 @@
 //!   (`PendingIndex::after_completion`).
 //! * Every other transition: the new entry (if any), the LWT, then the old
 //!   entry's delete before the reply.
-//! * Import (a record copied from another store by `idemd copy-to-cql`,
-//!   while no idemd serves): a QUORUM read, the entry, then a plain write
-//!   (`records::import` says why no Paxos round is needed there).
+//! * Import (a record copied from another store by `idemd copy-to-cql`):
+//!   an insert like a Claim's, with the record as it is.
 //!
 //! A fresh pair thus costs two LWTs and one plain write on the reply path.
 //! It is only as durable as the replicas' commit log: an acknowledged LWT
@@ -81,7 +82,7 @@ use pending::PendingIndex;
 pub use pending::legacy::{LegacyReport, copy_legacy_index};
 pub use pending::{BUCKET_MS, SHARDS, SealReport, SealTiming};
 pub use records::CqlStats;
-use records::{Importer, Insert, Records};
+use records::{Insert, Records};
 pub use session::{
     CqlConsistency, CqlOptions, DEFAULT_KEYSPACE, DEFAULT_NODE, DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_SEAL_GRACE, connect, validate_keyspace,
@@ -100,8 +101,6 @@ const INSERT_ROUNDS: usize = 5;
 pub struct CqlStore {
     /// The record table's LWTs.
     records: Records,
-    /// The plain writes of records copied in from another store.
-    importer: Importer,
     /// The pending index, verified against `records` wherever it is read.
     index: PendingIndex,
     /// Shared driver session (connection pools, routing), for the
@@ -132,7 +131,6 @@ impl CqlStore {
     ) -> StoreResult<Self> {
         validate_keyspace(&options.keyspace).map_err(StoreError::Unavailable)?;
         let session = Arc::new(connect(options).await?);
-        let importer = Importer::open(Arc::clone(&session), options, keyring.clone()).await?;
         let records = Records::open(Arc::clone(&session), options, keyring).await?;
         let index = PendingIndex::open(Arc::clone(&session), options).await?;
         let mut cluster_time = Preparer::new(&session, &options.keyspace)
@@ -141,7 +139,6 @@ impl CqlStore {
         statements::idempotent([&mut cluster_time]);
         Ok(Self {
             records,
-            importer,
             index,
             session,
             cluster_time,
@@ -236,18 +233,6 @@ impl Store for CqlStore {
         Err(StoreError::Unavailable(
             "the key kept changing between statements; nothing was claimed".to_string(),
         ))
-    }
-
-    /// A read, the index entry, then a plain write instead of a Paxos
-    /// round (`records::import` says why that is safe while no idemd
-    /// serves): the copy of a whole store is bound by the LWT's cost.
-    async fn import(&self, record: &Record, now_ms: i64) -> StoreResult<InsertOutcome> {
-        if let Some(existing) = self.get(&record.id, now_ms).await? {
-            return Ok(InsertOutcome::Exists(existing));
-        }
-        self.index.put(record, now_ms).await?;
-        self.importer.write(record, now_ms).await?;
-        Ok(InsertOutcome::Inserted)
     }
 
     async fn replace_if(

@@ -1,7 +1,9 @@
 //! The `records` table: one row per (tenant, endpoint, key), written only
 //! with lightweight transactions (Paxos), and the resolution of their
-//! uncertain outcomes. The one exception is a record copied in from another
-//! store while no idemd serves the keyspace ([`import`]).
+//! uncertain outcomes. Records copied in from another store (`idemd
+//! copy-to-cql`) go through the same `INSERT … IF NOT EXISTS`: a plain write
+//! beside the LWTs that follow on the same row could lose their updates to
+//! a coordinator clock ahead of theirs (CASSANDRA-13767).
 //!
 //! # Statements
 //!
@@ -40,7 +42,6 @@
 
 mod codec;
 mod failure;
-mod import;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,7 +58,6 @@ use crate::crypto::Keyring;
 use crate::store::{CasOutcome, Expected, Record, RecordKey, StoreError, StoreResult};
 use codec::{RECORD_COLUMNS, Values, key_values, record_values, text_value, values};
 use failure::{Failure, classify};
-pub(super) use import::Importer;
 
 /// Lower bound on the timeout of the SERIAL reads that resolve uncertain
 /// writes, whatever the statement timeout.
