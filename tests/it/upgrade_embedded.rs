@@ -311,37 +311,60 @@ impl Ledger {
     }
 }
 
-/// Upgrade, rollback, upgrade again, each release stopped with SIGTERM.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn previous_and_new_release_take_turns_on_one_store() {
-    let Some(previous) = previous_release("previous_and_new_release_take_turns_on_one_store")
-    else {
-        return;
-    };
-    let previous = Release::Previous(&previous);
+/// Step a of each test: the previous release's binary and a store it
+/// wrote (`count` keys, every sixth left IN_PROGRESS), stopped with
+/// SIGTERM; `None` when [`PREVIOUS_BIN`] is unset.
+async fn written_by_previous_release(
+    test: &str,
+    count: u64,
+) -> Option<(PathBuf, tempfile::TempDir, Ledger)> {
+    let previous = previous_release(test)?;
     let dir = tempfile::tempdir().expect("temp dir");
     let mut ledger = Ledger::default();
-
-    // a. The previous release writes.
-    let process = previous.start(dir.path());
+    let process = Release::Previous(&previous).start(dir.path());
     let mut client = connect(process.addr).await;
-    ledger.write(&mut client, "a", 120, 6).await;
+    ledger.write(&mut client, "a", count, 6).await;
     ledger.verify(&mut client, "a (previous release)").await;
     stop(process).await;
     assert!(
         !dir.path().join(SUMS_FILE).exists(),
         "the previous release keeps no {SUMS_FILE}: is {PREVIOUS_BIN} really the previous release?"
     );
+    Some((previous, dir, ledger))
+}
 
-    // b. The upgrade: every key served, leases granted before it complete.
-    let process = Release::New.start(dir.path());
+/// Starts this release on a store an older release wrote last: it must
+/// check the whole file before it serves, then serve every key.
+async fn new_release_on_older_store(
+    dir: &Path,
+    ledger: &Ledger,
+    step: &str,
+) -> (Process, IdempotencyClient<Channel>) {
+    let process = Release::New.start(dir);
     assert!(
-        checked_whole_file(&process, "b"),
-        "b: the first start on an older store checks the whole file; startup log:\n{}",
+        checked_whole_file(&process, step),
+        "{step}: on a store an older release wrote last, the new release checks the whole \
+         file first; startup log:\n{}",
         process.startup.join("\n")
     );
     let mut client = connect(process.addr).await;
-    ledger.verify(&mut client, "b (upgrade)").await;
+    ledger.verify(&mut client, step).await;
+    (process, client)
+}
+
+/// Upgrade, rollback, upgrade again, each release stopped with SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn previous_and_new_release_take_turns_on_one_store() {
+    let Some((previous, dir, mut ledger)) =
+        written_by_previous_release("previous_and_new_release_take_turns_on_one_store", 120).await
+    else {
+        return;
+    };
+    let previous = Release::Previous(&previous);
+
+    // b. The upgrade: every key served, leases granted before it complete.
+    let (process, mut client) =
+        new_release_on_older_store(dir.path(), &ledger, "b (upgrade)").await;
     ledger.complete_held(&mut client, "b (upgrade)", 8).await;
     ledger.write(&mut client, "b", 120, 7).await;
     ledger.verify(&mut client, "b (upgrade)").await;
@@ -361,14 +384,8 @@ async fn previous_and_new_release_take_turns_on_one_store() {
     stop(process).await;
 
     // d. The upgrade again: the older release's commits are noticed.
-    let process = Release::New.start(dir.path());
-    assert!(
-        checked_whole_file(&process, "d"),
-        "d: after a rollback the new release checks the whole file; startup log:\n{}",
-        process.startup.join("\n")
-    );
-    let mut client = connect(process.addr).await;
-    ledger.verify(&mut client, "d (upgrade again)").await;
+    let (process, mut client) =
+        new_release_on_older_store(dir.path(), &ledger, "d (upgrade again)").await;
     ledger
         .complete_held(&mut client, "d (upgrade again)", 8)
         .await;
@@ -442,25 +459,19 @@ async fn write_until_killed(
 /// opens the file it left, then the new release again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn previous_release_opens_a_store_the_new_one_was_killed_on() {
-    let Some(previous) =
-        previous_release("previous_release_opens_a_store_the_new_one_was_killed_on")
+    let Some((previous, dir, mut ledger)) = written_by_previous_release(
+        "previous_release_opens_a_store_the_new_one_was_killed_on",
+        80,
+    )
+    .await
     else {
         return;
     };
     let previous = Release::Previous(&previous);
-    let dir = tempfile::tempdir().expect("temp dir");
-    let mut ledger = Ledger::default();
-
-    // a. The previous release writes.
-    let process = previous.start(dir.path());
-    let mut client = connect(process.addr).await;
-    ledger.write(&mut client, "a", 80, 6).await;
-    stop(process).await;
 
     // b. The new release, killed while four writers are busy.
-    let process = Release::New.start(dir.path());
-    let mut client = connect(process.addr).await;
-    ledger.verify(&mut client, "b (upgrade)").await;
+    let (process, mut client) =
+        new_release_on_older_store(dir.path(), &ledger, "b (upgrade)").await;
     ledger.complete_held(&mut client, "b (upgrade)", 4).await;
     ledger.write(&mut client, "b", 60, 7).await;
     let acked = Arc::new(Mutex::new(0u64));
@@ -538,14 +549,7 @@ async fn previous_release_opens_a_store_the_new_one_was_killed_on() {
     stop(process).await;
 
     // d. The new release again.
-    let process = Release::New.start(dir.path());
-    assert!(
-        checked_whole_file(&process, "d"),
-        "d: after a rollback the new release checks the whole file; startup log:\n{}",
-        process.startup.join("\n")
-    );
-    let mut client = connect(process.addr).await;
-    ledger.verify(&mut client, "d (upgrade again)").await;
+    let (process, _) = new_release_on_older_store(dir.path(), &ledger, "d (upgrade again)").await;
     stop(process).await;
     eprintln!(
         "killed with {} keys completed and {} in flight (found after the kill: {found:?}); \
