@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use idemd::proto::v1 as pb;
 use idemd::proto::v1::idempotency_client::IdempotencyClient;
+use idemd::store::embedded::SUMS_FILE;
 use tonic::transport::Channel;
 
 use crate::common::process::{Process, kill9, release_command, sigterm, spawn_command};
@@ -37,8 +38,6 @@ const TENANT: &str = "upgrade";
 const LEASE: Duration = Duration::from_secs(600);
 /// What this release logs when the checksums cannot vouch for the file.
 const FULL_CHECK: &str = "checking the whole database file";
-/// The checksum file this release keeps beside `idemd.redb`.
-const SUMS_FILE: &str = "idemd.redb.sums";
 
 /// The previous release's binary, or `None` (and the reason printed) when
 /// the variable is unset.
@@ -99,7 +98,7 @@ fn checked_whole_file(process: &Process, step: &str) -> bool {
 /// SIGTERM, then waits for a clean exit.
 async fn stop(mut process: Process) {
     sigterm(&process);
-    let status = tokio::task::spawn_blocking(move || {
+    let (status, log) = tokio::task::spawn_blocking(move || {
         let status = process.child.wait().expect("wait");
         let log: Vec<String> = process.lines.try_iter().collect();
         (status, log)
@@ -107,10 +106,10 @@ async fn stop(mut process: Process) {
     .await
     .expect("join");
     assert_eq!(
-        status.0.code(),
+        status.code(),
         Some(0),
         "clean exit on SIGTERM; log:\n{}",
-        status.1.join("\n")
+        log.join("\n")
     );
 }
 
