@@ -47,7 +47,7 @@ fn command_on_port_0(
 }
 
 /// This build's `idemd` binary.
-fn this_idemd() -> &'static std::path::Path {
+pub fn this_idemd() -> &'static std::path::Path {
     std::path::Path::new(env!("CARGO_BIN_EXE_idemd"))
 }
 
@@ -57,8 +57,7 @@ pub fn idemd_command(data_dir: &std::path::Path, extra: &[&str]) -> Command {
 }
 
 /// [`idemd_command`] with another `idemd` binary, e.g. an earlier release's
-/// (tests/it/upgrade_embedded.rs): the flags used here exist in every
-/// release.
+/// (tests/it/upgrade_embedded.rs), which must take the same flags.
 pub fn release_command(
     program: &std::path::Path,
     data_dir: &std::path::Path,

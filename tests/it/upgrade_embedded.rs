@@ -27,7 +27,7 @@ use idemd::proto::v1::idempotency_client::IdempotencyClient;
 use idemd::store::embedded::SUMS_FILE;
 use tonic::transport::Channel;
 
-use crate::common::process::{Process, kill9, release_command, sigterm, spawn_command};
+use crate::common::process::{Process, kill9, release_command, sigterm, spawn_command, this_idemd};
 use crate::common::*;
 
 /// The variable naming the previous release's `idemd` binary.
@@ -72,7 +72,7 @@ impl Release<'_> {
     fn start(self, dir: &Path) -> Process {
         let program = match self {
             Release::Previous(path) => path,
-            Release::New => Path::new(env!("CARGO_BIN_EXE_idemd")),
+            Release::New => this_idemd(),
         };
         spawn_command(release_command(program, dir, &[]))
     }
