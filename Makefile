@@ -30,9 +30,13 @@ fmt-check:
 clippy:
 	$(CARGO) clippy --all-targets --all-features -- -D warnings
 
+# The upgrade tests (tests/it/upgrade_embedded.rs) run the previous release
+# (tests/previous-release) beside this one: scripts/previous-release.sh
+# builds it once into $IDEMD_TOOLS_CACHE (minutes the first time).
 cargo-test:
 	scripts/test-deps.sh
-	$(CARGO) test --all-targets
+	previous="$$(scripts/previous-release.sh)" && \
+	IDEMD_PREVIOUS_BIN="$$previous" $(CARGO) test --all-targets
 	$(CARGO) test --doc
 
 ## cql-test: the store and gRPC suites, multi-replica and timeout tests on a

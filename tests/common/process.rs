@@ -19,9 +19,14 @@ pub struct Process {
     pub startup: Vec<String>,
 }
 
-/// `idemd [subcommand]` on port 0 with JSON logs and `data_dir`.
-fn command_on_port_0(subcommand: Option<&str>, data_dir: &std::path::Path) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_idemd"));
+/// `program [subcommand]` (an `idemd` binary) on port 0 with JSON logs and
+/// `data_dir`.
+fn command_on_port_0(
+    program: &std::path::Path,
+    subcommand: Option<&str>,
+    data_dir: &std::path::Path,
+) -> Command {
+    let mut command = Command::new(program);
     command
         .args(subcommand)
         .args([
@@ -41,9 +46,24 @@ fn command_on_port_0(subcommand: Option<&str>, data_dir: &std::path::Path) -> Co
     command
 }
 
+/// This build's `idemd` binary.
+pub fn this_idemd() -> &'static std::path::Path {
+    std::path::Path::new(env!("CARGO_BIN_EXE_idemd"))
+}
+
 /// `idemd` on port 0 with JSON logs and `data_dir`, plus `extra` flags.
 pub fn idemd_command(data_dir: &std::path::Path, extra: &[&str]) -> Command {
-    let mut command = command_on_port_0(None, data_dir);
+    release_command(this_idemd(), data_dir, extra)
+}
+
+/// [`idemd_command`] with another `idemd` binary, e.g. an earlier release's
+/// (tests/it/upgrade_embedded.rs), which must take the same flags.
+pub fn release_command(
+    program: &std::path::Path,
+    data_dir: &std::path::Path,
+    extra: &[&str],
+) -> Command {
+    let mut command = command_on_port_0(program, None, data_dir);
     command.args(extra);
     command
 }
@@ -51,7 +71,7 @@ pub fn idemd_command(data_dir: &std::path::Path, extra: &[&str]) -> Command {
 /// `idemd proxy` in front of `upstream` on port 0, with JSON logs and
 /// `data_dir`, no gRPC port and no metrics port (add `--metrics-listen`).
 pub fn proxy_command(data_dir: &std::path::Path, upstream: std::net::SocketAddr) -> Command {
-    let mut command = command_on_port_0(Some("proxy"), data_dir);
+    let mut command = command_on_port_0(this_idemd(), Some("proxy"), data_dir);
     // The upstream from its variable, so the `IDEMD_*` path is tested.
     command.env("IDEMD_UPSTREAM", format!("http://{upstream}"));
     command

@@ -42,4 +42,5 @@ mod proxy_embedded;
 mod server;
 mod store_embedded;
 mod tls;
+mod upgrade_embedded;
 mod web;
