@@ -192,6 +192,10 @@ impl EmbeddedOptions {
 
 /// The embedded backend. Cheap to share behind an `Arc`.
 pub struct EmbeddedStore {
+    /// The background check of every block, stopped on close. First, so
+    /// that a store dropped without `close` stops reading the file before
+    /// the database closes it (fields drop in order).
+    scrubber: Mutex<Scrubber>,
     /// Group-commit counters shared with the writer thread.
     stats: Arc<WriterStats>,
     /// Read side: MVCC snapshots, concurrent with the writer.
@@ -206,8 +210,6 @@ pub struct EmbeddedStore {
     keyring: Option<Arc<Keyring>>,
     /// The file's block checksums: what damage was found.
     blocks: Arc<Blocks>,
-    /// The background check of every block, stopped on close.
-    scrubber: Mutex<Scrubber>,
     /// Why the open checked the whole file, if it did (the growth bench
     /// and the tests tell a start that read the file from one that did not).
     full_check: Option<String>,
