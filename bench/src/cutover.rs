@@ -16,11 +16,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::Args;
-use futures::StreamExt;
 use idemd::store::embedded::{EmbeddedOptions, EmbeddedStore};
-use idemd::store::{InsertOutcome, Record, RecordKey, RecordState, Store, StoredResponse};
+use idemd::store::{Record, RecordKey, RecordState, Store, StoredResponse};
 
 use crate::servers;
 
@@ -56,13 +55,7 @@ const TENANTS: usize = 4;
 
 /// Runs the cut-over measurement; false when the copy failed.
 pub async fn run(args: CutoverArgs) -> Result<bool> {
-    let bin = match &args.idemd_bin {
-        Some(bin) => bin.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .map(|dir| dir.join("idemd"))
-            .context("no directory for the idemd binary")?,
-    };
+    let bin = crate::embedded::idemd_bin(args.idemd_bin.as_deref())?;
     let scratch = servers::scratch_dir("cutover")?;
     let data_dir = args
         .data_dir
@@ -122,7 +115,7 @@ async fn measure(args: &CutoverArgs, bin: &Path, data_dir: &Path, scratch: &Path
         false,
     )
     .await?;
-    let start_time = crate::growth::wait_ready(&mut server, grpc, started).await?;
+    let start_time = crate::embedded::wait_ready(&mut server, grpc, started).await?;
     server.stop().await?;
 
     let per_second = args.records as f64 / copy_time.as_secs_f64();
@@ -146,19 +139,10 @@ async fn fill(data_dir: &Path, records: usize) -> Result<()> {
             .duration_since(std::time::UNIX_EPOCH)?
             .as_millis(),
     )?;
-    let mut writes = futures::stream::iter(0..records)
-        .map(|i| {
-            let store = Arc::clone(&store);
-            let record = record(&run, i, now_ms);
-            async move { store.insert_if_absent(&record, now_ms).await }
-        })
-        .buffer_unordered(FILL_IN_FLIGHT);
-    while let Some(outcome) = writes.next().await {
-        if outcome? != InsertOutcome::Inserted {
-            bail!("a fill key existed already");
-        }
-    }
-    drop(writes);
+    crate::embedded::fill(&store, 0..records as u64, FILL_IN_FLIGHT, |i| {
+        record(&run, i as usize, now_ms)
+    })
+    .await?;
     store.close().await?;
     let bytes: u64 = std::fs::read_dir(data_dir)?
         .filter_map(|entry| entry.ok()?.metadata().ok())

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow};
 use clap::Args;
 use serde::Serialize;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -414,37 +414,9 @@ async fn start(args: &GrowthArgs, bin: &Path, dir: &Path, ports: Ports) -> Resul
     .await
 }
 
-/// Time from now until a Claim on the gRPC port succeeds.
-pub(crate) async fn wait_ready(
-    server: &mut Server,
-    address: SocketAddr,
-    since: Instant,
-) -> Result<Duration> {
-    let url = format!("http://{address}");
-    let probe = format!("ready-{}", crate::ids::run_id());
-    loop {
-        server.check_alive()?;
-        if let Ok(client) = Grpc::connect(&url, 1).await
-            && Client::Grpc(client).claim(&probe, 0).await.is_ok()
-        {
-            return Ok(since.elapsed());
-        }
-        if since.elapsed() > Duration::from_secs(600) {
-            bail!("idemd not ready after 10 minutes");
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// Runs the growth scenario; false when a window saw errors.
 pub async fn run(args: GrowthArgs) -> Result<bool> {
-    let bin = match &args.idemd_bin {
-        Some(bin) => bin.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .map(|dir| dir.join("idemd"))
-            .context("no directory for the idemd binary")?,
-    };
+    let bin = crate::embedded::idemd_bin(args.idemd_bin.as_deref())?;
     let dir = servers::scratch_dir("growth")?;
     let ports = Ports {
         grpc: ([127, 0, 0, 1], servers::free_port()?).into(),
@@ -458,7 +430,7 @@ pub async fn run(args: GrowthArgs) -> Result<bool> {
 
 async fn fill(args: &GrowthArgs, bin: &Path, dir: &Path, ports: Ports) -> Result<bool> {
     let mut server = start(args, bin, dir, ports).await?;
-    wait_ready(&mut server, ports.grpc, Instant::now()).await?;
+    crate::embedded::wait_ready(&mut server, ports.grpc, Instant::now()).await?;
     let grpc = Arc::new(Client::Grpc(
         Grpc::connect(&format!("http://{}", ports.grpc), args.connections).await?,
     ));
@@ -545,7 +517,7 @@ async fn fill(args: &GrowthArgs, bin: &Path, dir: &Path, ports: Ports) -> Result
     let bytes = dir_bytes(&dir.join("data"));
     let restarting = Instant::now();
     let mut server = start(args, bin, dir, ports).await?;
-    let restart = wait_ready(&mut server, ports.grpc, restarting).await?;
+    let restart = crate::embedded::wait_ready(&mut server, ports.grpc, restarting).await?;
     server.stop().await?;
 
     let mut out = String::new();

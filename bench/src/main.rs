@@ -32,6 +32,8 @@
 //! What they measure with, from the top down (a module uses only the ones
 //! below it):
 //!
+//! * `embedded`: what `growth`, `startup` and `cutover` share (the idemd
+//!   binary, an in-process fill, the wait for the first Claim).
 //! * `chart`: the PNG of the report's medians.
 //! * `report`: measurements, medians per system and workload, targets P1–P5,
 //!   the markdown page (with the one-in-flight section).
@@ -50,6 +52,7 @@
 mod chart;
 mod clients;
 mod cutover;
+mod embedded;
 mod growth;
 mod ids;
 mod load;

@@ -29,7 +29,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use futures::StreamExt as _;
 use idemd::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use idemd::store::{Record, RecordKey, RecordState, Store, StoredResponse};
 use serde::Serialize;
@@ -81,13 +80,7 @@ const FILL_IN_FLIGHT: usize = 2048;
 /// Runs the measurement; false when a start checked the whole file without
 /// a reason to.
 pub async fn run(args: StartupArgs) -> Result<bool> {
-    let bin = match &args.idemd_bin {
-        Some(bin) => bin.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .map(|dir| dir.join("idemd"))
-            .context("no directory for the idemd binary")?,
-    };
+    let bin = crate::embedded::idemd_bin(args.idemd_bin.as_deref())?;
     let (dir, scratch) = match &args.dir {
         Some(dir) => (dir.clone(), false),
         None => (servers::scratch_dir("startup")?, true),
@@ -209,8 +202,8 @@ fn latency(result: &load::LoadResult) -> String {
 /// how long it takes, and the pairs' latency during it against 10 s
 /// before it.
 async fn backup_under_load(bin: &Path, data: &Path, log: &Path, dir: &Path) -> Result<String> {
-    let (server, address) = start(bin, data, log).await?;
-    wait_ready(&server, address, Instant::now()).await?;
+    let (mut server, address) = start(bin, data, log).await?;
+    crate::embedded::wait_ready(&mut server, address, Instant::now()).await?;
     let client = Arc::new(Client::Grpc(
         Grpc::connect(&format!("http://{address}"), 4).await?,
     ));
@@ -287,8 +280,8 @@ async fn restart(
     full_checks: &mut Vec<String>,
 ) -> Result<f64> {
     if let Some(Stop::KillUnderLoad) = stop {
-        let (server, address) = start(bin, data, log).await?;
-        wait_ready(&server, address, Instant::now()).await?;
+        let (mut server, address) = start(bin, data, log).await?;
+        crate::embedded::wait_ready(&mut server, address, Instant::now()).await?;
         let client = Arc::new(Client::Grpc(
             Grpc::connect(&format!("http://{address}"), 4).await?,
         ));
@@ -303,8 +296,8 @@ async fn restart(
     }
     let before = std::fs::read_to_string(log).unwrap_or_default().len();
     let started = Instant::now();
-    let (server, address) = start(bin, data, log).await?;
-    let ready = wait_ready(&server, address, started).await?;
+    let (mut server, address) = start(bin, data, log).await?;
+    let ready = crate::embedded::wait_ready(&mut server, address, started).await?;
     server.stop().await?;
     let text = std::fs::read_to_string(log).unwrap_or_default();
     if let Some(check) = text
@@ -330,23 +323,6 @@ async fn start(bin: &Path, data: &Path, log: &Path) -> Result<(Server, SocketAdd
     ];
     let server = servers::start_idemd_on(bin, data, log, &args, false).await?;
     Ok((server, address))
-}
-
-/// Waits until a Claim on `address` succeeds: the time since `since`.
-async fn wait_ready(server: &Server, address: SocketAddr, since: Instant) -> Result<Duration> {
-    let url = format!("http://{address}");
-    let probe = format!("ready-{}", crate::ids::run_id());
-    loop {
-        if let Ok(client) = Grpc::connect(&url, 1).await
-            && Client::Grpc(client).claim(&probe, 0).await.is_ok()
-        {
-            return Ok(since.elapsed());
-        }
-        if since.elapsed() > Duration::from_secs(600) {
-            bail!("{} not ready after 10 minutes", server.name);
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
 }
 
 /// Drops the page cache (written back first).
@@ -385,24 +361,10 @@ async fn fill(data: &Path, from: u64, to: u64) -> Result<()> {
             .as_millis(),
     )?;
     let run = crate::ids::run_id();
-    let mut last_report = Instant::now();
-    let mut writes = futures::stream::iter(from..to)
-        .map(|i| {
-            let store = Arc::clone(&store);
-            let record = record(&run, i, now_ms);
-            async move { store.insert_if_absent(&record, now_ms).await }
-        })
-        .buffer_unordered(FILL_IN_FLIGHT);
-    let mut done = from;
-    while let Some(outcome) = writes.next().await {
-        outcome?;
-        done += 1;
-        if last_report.elapsed() >= Duration::from_secs(5) {
-            last_report = Instant::now();
-            eprintln!("  filling: {done}/{to} records");
-        }
-    }
-    drop(writes);
+    crate::embedded::fill(&store, from..to, FILL_IN_FLIGHT, |i| {
+        record(&run, i, now_ms)
+    })
+    .await?;
     store.close().await?;
     std::fs::write(data.join("startup-filled"), to.to_string())?;
     Ok(())

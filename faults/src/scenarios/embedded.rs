@@ -157,11 +157,14 @@ fn scrub_bound(path: &std::path::Path) -> anyhow::Result<Duration> {
     Ok(SCRUB_INTERVAL + Duration::from_secs_f64(len as f64 / SCRUB_RATE as f64) + DETECTION_SLACK)
 }
 
-/// A server on the embedded store whose scrub runs at [`SCRUB_RATE`].
-fn scrubbed_server(setup: &Setup<'_>, dir: &std::path::Path) -> anyhow::Result<Server> {
-    Server::new(
+/// One server on the embedded store whose scrub runs at [`SCRUB_RATE`]
+/// every [`SCRUB_INTERVAL`], after 1.5 s of load: what the damage scenarios
+/// damage.
+async fn scrubbed_run(setup: &Setup<'_>) -> anyhow::Result<Run> {
+    let dir = tempfile::tempdir()?;
+    let server = Server::new(
         setup.bin,
-        &dir.join("data"),
+        &dir.path().join("data"),
         setup.log_dir,
         vec![
             "--store-scrub-rate".into(),
@@ -169,7 +172,10 @@ fn scrubbed_server(setup: &Setup<'_>, dir: &std::path::Path) -> anyhow::Result<S
             "--store-scrub-interval".into(),
             format!("{}ms", SCRUB_INTERVAL.as_millis()),
         ],
-    )
+    )?;
+    let run = Run::start_with(vec![server], &setup.load, dir).await?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    Ok(run)
 }
 
 /// A clean stop, then bytes of the database file overwritten in several
@@ -179,10 +185,7 @@ fn scrubbed_server(setup: &Setup<'_>, dir: &std::path::Path) -> anyhow::Result<S
 /// answer `DATA_LOSS`; never serve a wrong response or hand out a key that
 /// was taken.
 pub async fn corrupt_page(setup: &Setup<'_>) -> anyhow::Result<Report> {
-    let dir = tempfile::tempdir()?;
-    let server = scrubbed_server(setup, dir.path())?;
-    let mut run = Run::start_with(vec![server], &setup.load, dir).await?;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut run = scrubbed_run(setup).await?;
     run.history.phase("stopping");
     // Stop the clients first: the check must see what was acknowledged
     // before the file was damaged, nothing later.
@@ -254,10 +257,7 @@ pub async fn corrupt_page(setup: &Setup<'_>) -> anyhow::Result<Report> {
 /// since it was written: the scrub must find it within its bound, health
 /// turn NOT_SERVING, and no answer before or after be wrong.
 pub async fn damage_unscrubbed(setup: &Setup<'_>) -> anyhow::Result<Report> {
-    let dir = tempfile::tempdir()?;
-    let server = scrubbed_server(setup, dir.path())?;
-    let mut run = Run::start_with(vec![server], &setup.load, dir).await?;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut run = scrubbed_run(setup).await?;
     // No more requests: nothing but the scrub may meet the damage; and
     // after the last checkpoint no write may overwrite it.
     run.history.phase("stopping");

@@ -61,10 +61,7 @@ pub(super) fn write(
     let started_at_ms = unix_ms();
     prepare_empty_dir(out)?;
     // Overlay first, then redb: see the module docs.
-    let layer = overlay.snapshot();
-    let source = database
-        .begin_read()
-        .map_err(|e| storage_error("begin read", e))?;
+    let (layer, source) = overlay.read_view(database)?;
     let (blocks, _) = Blocks::open(&out.join(DATABASE_FILE))?;
     let target = Database::builder()
         .create_with_backend(VerifiedFile(blocks))

@@ -31,7 +31,7 @@ use std::iter::Peekable;
 use std::ops::Bound;
 use std::path::PathBuf;
 
-use redb::{Database, ReadableDatabase, ReadableTableMetadata};
+use redb::Database;
 
 use super::failure::storage_error;
 use super::tables::{RECORDS, decode_loaded};
@@ -88,14 +88,7 @@ pub fn open_stopped(options: &EmbeddedOptions) -> Result<EmbeddedStore, OpenErro
 /// a progress line counts towards (expired entries are skipped, so the
 /// copy may end below it).
 pub fn stored_records(store: &EmbeddedStore) -> StoreResult<u64> {
-    let txn = store
-        .database
-        .begin_read()
-        .map_err(|e| storage_error("begin read", e))?;
-    let records = txn
-        .open_table(RECORDS)
-        .map_err(|e| storage_error("open", e))?;
-    let stored = records.len().map_err(|e| storage_error("read", e))?;
+    let stored = store.record_count()?;
     let overlay = store.overlay.snapshot();
     // Overlay writes of new keys add to it; an overestimate only makes the
     // progress line end short of 100 %.
@@ -126,11 +119,7 @@ pub fn export_page(
         Some(key) => Bound::Excluded(key),
         None => Bound::Unbounded,
     };
-    let overlay = store.overlay.snapshot();
-    let txn = store
-        .database
-        .begin_read()
-        .map_err(|e| storage_error("begin read", e))?;
+    let (overlay, txn) = store.overlay.read_view(&store.database)?;
     let table = txn
         .open_table(RECORDS)
         .map_err(|e| storage_error("open", e))?;

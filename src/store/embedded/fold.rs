@@ -5,12 +5,13 @@
 
 use std::sync::{Arc, RwLock};
 
-use redb::{Database, Durability};
+use redb::{Database, Durability, ReadTransaction, ReadableDatabase};
 
 use super::failure::{Failure, storage_error};
 use super::overlay::Layer;
 use super::tables::{RedbTables, record_seq};
 use super::wal::LogTable;
+use crate::store::StoreResult;
 
 /// The overlay the writer and the readers share: the changes of the
 /// batches acknowledged since the running checkpoint began, until folded
@@ -26,6 +27,21 @@ impl Overlay {
     /// The overlay as it is now (cheap: a reference count).
     pub(super) fn snapshot(&self) -> Arc<Layer> {
         Arc::clone(&*self.layer.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// What a reader that scans sees: the overlay, then a redb read
+    /// transaction, in that order. A fold writes redb before it empties the
+    /// overlay, so a change that left this snapshot is in the transaction:
+    /// nothing acknowledged falls between the two.
+    pub(super) fn read_view(
+        &self,
+        database: &Database,
+    ) -> StoreResult<(Arc<Layer>, ReadTransaction)> {
+        let layer = self.snapshot();
+        let txn = database
+            .begin_read()
+            .map_err(|e| storage_error("begin read", e))?;
+        Ok((layer, txn))
     }
 
     /// Adds a durable batch's changes, for readers to see.

@@ -580,11 +580,7 @@ impl Store for EmbeddedStore {
         end.push(0xff);
 
         // A snapshot of the overlay, then of redb (see read_record).
-        let overlay = self.overlay.snapshot();
-        let txn = self
-            .database
-            .begin_read()
-            .map_err(|e| storage_error("begin read", e))?;
+        let (overlay, txn) = self.overlay.read_view(&self.database)?;
         let index = txn
             .open_table(PENDING)
             .map_err(|e| storage_error("open", e))?;
