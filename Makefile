@@ -109,8 +109,13 @@ deny:
 ## missing) and raw CQL LWTs on a local Cassandra; 3 runs round-robin,
 ## medians, ratios for P1-P5; then one request in flight through the Rust
 ## client, ghz and the Go SDK (bench/scripts/tools.sh installs ghz and
-## builds the loop); writes bench/results/<time>.{md,json,png}.
+## builds the loop); writes bench/results/<time>.{md,json,png}. Then idemd
+## beside svix/diom (`idemd-bench peers`, bench/results/<time>-peers.md):
+## IDEMD_DIOM names diom's source (tarball or directory) or a built
+## diom-server, built once into the tools cache by bench/scripts/diom.sh;
+## without it diom is skipped, and the run says so.
 BENCH_ARGS ?= --runs 3 --pin
+PEERS_ARGS ?= --rounds 3
 bench:
 	$(CARGO) build --release -p idemd -p idemd-bench
 	bench/scripts/postgres.sh >/dev/null
@@ -118,7 +123,10 @@ bench:
 	tools="$$(bench/scripts/tools.sh | tail -n 1)" && \
 	scripts/with-cassandra.sh -- $(TARGET_DIR)/release/idemd-bench compare \
 		--require-cql --out-dir bench/results \
-		--ghz "$$tools/ghz" --go-sdk-loop "$$tools/bench-go-loop" $(BENCH_ARGS)
+		--ghz "$$tools/ghz" --go-sdk-loop "$$tools/bench-go-loop" $(BENCH_ARGS) && \
+	diom="$$(bench/scripts/diom.sh | tail -n 1)" && \
+	$(TARGET_DIR)/release/idemd-bench peers --peer-load "$$tools/peer-load" \
+		$${diom:+--diom-bin "$$diom"} --out-dir bench/results $(PEERS_ARGS)
 
 ## bench-proxy: the overhead of `idemd proxy` against calling its upstream
 ## directly, with wrk (installed from Debian), at 1 and 64 in flight.
@@ -150,7 +158,11 @@ bench-smoke:
 		--workloads fresh,conflict --runs 1 --duration 3s --warmup 1s \
 		--p5-inflight 0 --no-open-loop --idemd-bin $(TARGET_DIR)/debug/idemd \
 		--ghz "$$tools/ghz" --go-sdk-loop "$$tools/bench-go-loop" --client-calls 50 --ghz-duration 3s \
-		--out-dir $(TARGET_DIR)/bench-smoke
+		--out-dir $(TARGET_DIR)/bench-smoke && \
+	diom="$$(bench/scripts/diom.sh | tail -n 1)" && \
+	$(TARGET_DIR)/debug/idemd-bench peers --peer-load "$$tools/peer-load" \
+		$${diom:+--diom-bin "$$diom"} --idemd-bin $(TARGET_DIR)/debug/idemd \
+		--rounds 1 --duration 1s --warmup 1s --out-dir $(TARGET_DIR)/bench-smoke
 
 ## faults-smoke: the short fault-injection profile (faults/, docs/reliability.md):
 ## 10 kill -9 cycles, 2 SIGSTOP pauses, a torn log tail, a damaged database

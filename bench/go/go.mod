@@ -2,15 +2,17 @@ module github.com/idemd/idemd/bench/go
 
 go 1.26.0
 
-require github.com/idemd/idemd/clients/go v0.0.0
+require (
+	github.com/idemd/idemd/clients/go v0.0.0
+	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
+)
 
 require (
 	golang.org/x/net v0.60.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
-	google.golang.org/grpc v1.85.0 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
 )
 
 // The SDK as it is in this checkout: the bench measures the code in the tree.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the gRPC tools users run against idemd, at pinned versions, with
 # `go install` into $IDEMD_TOOLS_CACHE/bin (default ~/.cache/idemd/tools/bin),
-# and builds the Go SDK loop of the one-in-flight phase (bench/go) there.
+# and builds the Go SDK loop of the one-in-flight phase and peer-load, the
+# client of `idemd-bench peers` (bench/go), there.
 # Idempotent: a tool already at its version is kept. Prints the bin directory
 # on the last line.
 #
@@ -37,7 +38,7 @@ install_tool() { # name module version
 install_tool ghz github.com/bojand/ghz/cmd/ghz "$GHZ_VERSION"
 install_tool grpcurl github.com/fullstorydev/grpcurl/cmd/grpcurl "$GRPCURL_VERSION"
 
-# Rebuilt every time (cheap with a warm cache): it measures the SDK in the tree.
-echo "tools.sh: building bench/go (the Go SDK loop)" >&2
-(cd "$root/bench/go" && go build -o "$bin/bench-go-loop" .)
+# Rebuilt every time (cheap with a warm cache): they measure the code in the tree.
+echo "tools.sh: building bench/go (the Go SDK loop, peer-load)" >&2
+(cd "$root/bench/go" && go build -o "$bin/bench-go-loop" . && go build -o "$bin/peer-load" ./peerload)
 echo "$bin"

@@ -7,6 +7,7 @@
 //! idemd-bench run --system idemd-embedded --workload fresh [--rate R] [--json out.json]
 //! idemd-bench compare [--runs 3] [--pin] [--out-dir bench/results]
 //! idemd-bench soak [--soak 10m] [--load-fraction 0.5]
+//! idemd-bench peers --peer-load BIN [--diom-bin BIN] [--out-dir bench/results]
 //! idemd-bench noop-server --listen 127.0.0.1:0
 //! idemd-bench upstream --listen 127.0.0.1:0 --work 1ms
 //! ```
@@ -26,6 +27,7 @@
 //!   warm and with the page cache dropped.
 //! * `cutover`: `cutover`, the downtime of the move from the embedded
 //!   store to CQL (`idemd copy-to-cql`, then the start on the CQL store).
+//! * `peers`: `peers`, idemd beside svix/diom through one Go client.
 //! * `noop`: `noop-server`, the no-op gRPC baseline.
 //! * `upstream`: `upstream`, the proxy benchmark's HTTP upstream.
 //!
@@ -57,6 +59,7 @@ mod growth;
 mod ids;
 mod load;
 mod noop;
+mod peers;
 mod report;
 mod sampling;
 mod scale;
@@ -109,6 +112,9 @@ enum Command {
     /// `idemd copy-to-cql` into the cluster and the start of idemd on it:
     /// the downtime of the move to CQL (docs/deploy.md).
     Cutover(cutover::CutoverArgs),
+    /// idemd beside svix/diom, the same workloads through one client in
+    /// the same run (skipped, saying so, without `--diom-bin`).
+    Peers(peers::PeersArgs),
     /// Serves the no-op baseline (canned responses); prints its address.
     NoopServer {
         /// Address to listen on (port 0 picks a free one).
@@ -138,7 +144,7 @@ fn main() -> ExitCode {
         | Command::Upstream { .. }
         | Command::CqlScale(_)
         | Command::Startup(_) => false,
-        Command::Cutover(_) => false,
+        Command::Cutover(_) | Command::Peers(_) => false,
     };
     // Before the runtime exists, so that every thread it starts inherits
     // the client core.
@@ -165,6 +171,7 @@ fn main() -> ExitCode {
             Command::Growth(args) => growth::run(args).await,
             Command::Startup(args) => startup::run(args).await,
             Command::Cutover(args) => cutover::run(args).await,
+            Command::Peers(args) => peers::run(args).await,
             Command::NoopServer { listen } => noop::serve(listen).await.map(|()| true),
             Command::Upstream { listen, work } => {
                 upstream::serve(listen, work.into()).await.map(|()| true)

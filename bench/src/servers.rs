@@ -203,6 +203,48 @@ pub async fn start_idemd_on(
     })
 }
 
+/// svix/diom's bearer token in the bench's config (loopback only).
+pub const DIOM_TOKEN: &str = "adm_idemd_bench_0123456789";
+
+/// Starts svix/diom's `diom-server` (single node, its default durable
+/// configuration) on a free port, in a scratch directory holding its TOML
+/// config and data; waits until it accepts connections.
+pub async fn start_diom(bin: &Path, pin: bool) -> Result<(Server, SocketAddr)> {
+    let dir = scratch_dir("diom")?;
+    let address: SocketAddr = ([127, 0, 0, 1], free_port()?).into();
+    std::fs::write(
+        dir.join("diom.toml"),
+        format!(
+            "listen_address = \"{address}\"\nadmin_token = \"{DIOM_TOKEN}\"\n\
+             log_level = \"info\"\nenvironment = \"dev\"\n"
+        ),
+    )?;
+    let log = std::fs::File::create(dir.join("diom.log"))?;
+    let child = command(&bin.to_string_lossy(), pin)
+        .args(["-C", "diom.toml"])
+        .current_dir(&dir)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let mut server = Server {
+        name: "diom".into(),
+        child,
+        dir: Some(dir),
+    };
+    let since = Instant::now();
+    while tokio::net::TcpStream::connect(address).await.is_err() {
+        server.check_alive()?;
+        if since.elapsed() > Duration::from_secs(60) {
+            bail!("diom did not listen on {address} within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok((server, address))
+}
+
 /// `idemd migrate` against the CQL nodes (idempotent).
 pub async fn migrate_cql(bin: &Path, nodes: &[String]) -> Result<()> {
     let output = Command::new(bin)

@@ -69,8 +69,13 @@ pub const MAX_WAIT_LIMIT: Duration = Duration::from_secs(60);
 /// [`embedded::DEFAULT_CACHE_BYTES`] (the store's page cache) this is most of what idemd's memory use
 /// depends on: with both at their defaults a server under 1,000 concurrent
 /// requests stays under 64 MiB resident (docs/benchmarks.md, P5). Replays of
-/// keys that fall out of the cache are read from the store, not lost.
-pub const DEFAULT_CACHE_BYTES: usize = 8 * 1024 * 1024;
+/// keys that fall out of the cache are read from the store, not lost. 4 MiB
+/// (~2,700 completed records of 1 KiB) rather than 8: it covers the retries
+/// that follow a completion within seconds, and 8 MiB put P5 at 71 MiB
+/// (4 MiB with the page cache at 4 MiB too: 61.5); a replica that serves
+/// many replays of older keys from a CQL store is given more (the chart's
+/// `server.cacheBytes`).
+pub const DEFAULT_CACHE_BYTES: usize = 4 * 1024 * 1024;
 
 /// Default of `--allow-unauthenticated-remote`: off, so that a server
 /// started without credentials (`cargo run`, a bare `idemd serve`) answers

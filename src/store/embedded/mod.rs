@@ -159,10 +159,13 @@ pub const DATABASE_FILE: &str = "idemd.redb";
 /// Default page cache of the embedded store (redb's cache). Fresh keys are
 /// written at random places in the B-trees, so a bigger cache mostly holds
 /// pages that will not be touched again soon; the OS page cache, which is not
-/// charged to idemd's resident memory, backs it. 8 MiB rather than 16: at
-/// 1,000 requests in flight it brought the resident peak from 64 to 54-58 MiB
-/// with no measurable change in fresh pairs/s (docs/benchmarks.md).
-pub const DEFAULT_CACHE_BYTES: usize = 8 * 1024 * 1024;
+/// charged to idemd's resident memory, backs it (every block read from it is
+/// checked against its sum with the CPU's CRC instruction, a fraction of a
+/// microsecond). 8 MiB rather than 16 brought the resident peak at 1,000
+/// requests in flight from 64 to 54-58 MiB; 4 MiB rather than 8, with the
+/// completed-record cache at 4 MiB too, from 71 to 61.5 MiB, with no
+/// measurable change in fresh pairs/s (docs/benchmarks.md, P5).
+pub const DEFAULT_CACHE_BYTES: usize = 4 * 1024 * 1024;
 
 /// Tunables of the embedded store.
 #[derive(Debug, Clone)]

@@ -363,65 +363,49 @@ impl Wal {
     }
 }
 
-/// CRC-32C (Castagnoli), slicing-by-8: the checksum LevelDB-style logs use
-/// to find a torn tail, fast enough in portable code (~1-2 GB/s) to stay
-/// far below the cost of the fsync it guards.
+/// CRC-32C (Castagnoli): the checksum LevelDB-style logs use to find a torn
+/// tail, and the block sums of the redb file. With the CPU's CRC
+/// instruction (SSE 4.2, ARMv8 CRC) where it has one, portable code
+/// otherwise: the block sums check every page redb reads, so the portable
+/// slicing-by-8 this replaced (~1-2 GB/s) cost 5% of the request threads'
+/// CPU in the fresh-Claim bench.
 pub fn crc32c(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    let mut chunks = bytes.chunks_exact(8);
-    for chunk in &mut chunks {
-        let low = crc ^ u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-        crc = CRC_TABLES[7][(low & 0xff) as usize]
-            ^ CRC_TABLES[6][((low >> 8) & 0xff) as usize]
-            ^ CRC_TABLES[5][((low >> 16) & 0xff) as usize]
-            ^ CRC_TABLES[4][(low >> 24) as usize]
-            ^ CRC_TABLES[3][chunk[4] as usize]
-            ^ CRC_TABLES[2][chunk[5] as usize]
-            ^ CRC_TABLES[1][chunk[6] as usize]
-            ^ CRC_TABLES[0][chunk[7] as usize];
-    }
-    for &byte in chunks.remainder() {
-        crc = CRC_TABLES[0][((crc ^ u32::from(byte)) & 0xff) as usize] ^ (crc >> 8);
-    }
-    !crc
-}
-
-static CRC_TABLES: [[u32; 256]; 8] = crc_tables();
-
-const fn crc_tables() -> [[u32; 256]; 8] {
-    const POLYNOMIAL: u32 = 0x82f6_3b78;
-    let mut tables = [[0u32; 256]; 8];
-    let mut i = 0;
-    while i < 256 {
-        let mut crc = i as u32;
-        let mut bit = 0;
-        while bit < 8 {
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ POLYNOMIAL
-            } else {
-                crc >> 1
-            };
-            bit += 1;
-        }
-        tables[0][i] = crc;
-        i += 1;
-    }
-    let mut i = 0;
-    while i < 256 {
-        let mut slice = 1;
-        while slice < 8 {
-            let previous = tables[slice - 1][i];
-            tables[slice][i] = (previous >> 8) ^ tables[0][(previous & 0xff) as usize];
-            slice += 1;
-        }
-        i += 1;
-    }
-    tables
+    crc32c::crc32c(bytes)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The sums on disk (log frames, block sums) must not change with the
+    /// implementation: every length and alignment against the bitwise
+    /// definition.
+    #[test]
+    fn crc32c_matches_the_bitwise_definition_at_every_length() {
+        fn bitwise(bytes: &[u8]) -> u32 {
+            let mut crc = !0u32;
+            for &byte in bytes {
+                crc ^= u32::from(byte);
+                for _ in 0..8 {
+                    crc = if crc & 1 == 1 {
+                        (crc >> 1) ^ 0x82f6_3b78
+                    } else {
+                        crc >> 1
+                    };
+                }
+            }
+            !crc
+        }
+        let data: Vec<u8> = (0..4200u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        for start in 0..9 {
+            for len in (0..300).chain([4095, 4096, 4097 - start]) {
+                let slice = &data[start..start + len];
+                assert_eq!(crc32c(slice), bitwise(slice), "start {start}, len {len}");
+            }
+        }
+    }
 
     #[test]
     fn crc32c_matches_the_standard_check_values() {

@@ -22,7 +22,7 @@ use tokio::sync::oneshot;
 
 use super::checkpoint::Checkpointer;
 use super::failure::{Classify, Failure, Failures, is_out_of_space, storage_error};
-use super::fold::Overlay;
+use super::fold::{Folding, Overlay};
 use super::group::Batcher;
 use super::overlay::Layer;
 use super::stages::{self, BatchTimes};
@@ -138,19 +138,44 @@ pub(super) struct Writer {
     overlay: Overlay,
     /// Runs the checkpoints.
     checkpointer: Checkpointer,
+    /// The fold of the overlay into redb under way since the last
+    /// checkpoint became durable, a slice per batch ([`super::fold`]);
+    /// batches go to the overlay until it is done.
+    folding: Option<Folding>,
 }
+
+/// Changes a fold slice writes at least. With each batch the writer folds
+/// the larger of this and [`FOLD_PER_OPERATION`] per operation of the batch:
+/// a slice of 512 is ~3 ms of B-tree writes here, and an operation changes
+/// at most 3 entries (record, expiry, pending) and removes at most 3, so the
+/// fold always outpaces the batches and the overlay drains.
+const FOLD_SLICE: usize = 512;
+/// See [`FOLD_SLICE`].
+const FOLD_PER_OPERATION: usize = 8;
 
 impl Batcher for Writer {
     type Item = WriteOp;
 
-    /// Takes a finished checkpoint's outcome, applies the batch, and starts
-    /// a checkpoint when one is due.
+    /// Takes a finished checkpoint's outcome, folds a slice of the overlay,
+    /// applies the batch, and starts a checkpoint when one is due.
     fn write(&mut self, batch: &mut Vec<WriteOp>) {
         self.poll_checkpoint(false);
+        // An empty batch (a checkpoint's wake-up) keeps nobody waiting:
+        // the whole fold at once. Otherwise a slice, and what is left goes
+        // on with the next batch (or at close: an idle writer keeps its
+        // overlay, as it keeps log frames no checkpoint covers yet).
+        self.fold_step(if batch.is_empty() {
+            usize::MAX
+        } else {
+            FOLD_SLICE.max(batch.len() * FOLD_PER_OPERATION)
+        });
         if !batch.is_empty() {
             self.apply_batch(batch);
         }
-        if self.failures.is_healthy() && self.checkpointer.is_due(self.wal.pending_bytes()) {
+        if self.failures.is_healthy()
+            && self.folding.is_none()
+            && self.checkpointer.is_due(self.wal.pending_bytes())
+        {
             self.start_checkpoint();
         }
     }
@@ -159,9 +184,11 @@ impl Batcher for Writer {
     /// that the next open has nothing to replay.
     fn close(&mut self) {
         self.poll_checkpoint(true);
+        self.fold_step(usize::MAX);
         if self.failures.is_healthy() && self.wal.pending_bytes() > 0 {
             self.start_checkpoint();
             self.poll_checkpoint(true);
+            self.fold_step(usize::MAX);
         }
     }
 }
@@ -194,6 +221,7 @@ impl Writer {
             keyring: options.keyring.clone(),
             overlay,
             checkpointer,
+            folding: None,
         }
     }
 
@@ -214,23 +242,60 @@ impl Writer {
     }
 
     /// Takes the outcome of a running checkpoint (waiting for it when
-    /// `wait`); once it is durable, folds the overlay into redb.
+    /// `wait`); once it is durable, the fold of the overlay into redb
+    /// begins ([`Self::fold_step`]).
     fn poll_checkpoint(&mut self, wait: bool) {
         let polled = Instant::now();
         match self.checkpointer.finished(wait) {
             None => return,
             Some(Ok(())) => {
                 self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
-                if let Err(failure) = self.overlay.fold(&self.database, self.seq) {
-                    // redb lacks changes the log has: later batches would
-                    // diverge from what a replay rebuilds.
-                    self.failures
-                        .uncertain(failure.during("folding the overlay into redb failed"));
-                }
+                self.folding = self.overlay.begin_fold();
             }
             Some(Err(failure)) => self.failures.poison(failure.during("checkpoint failed")),
         }
         self.last_checkpoint_span = Some((polled, Instant::now()));
+    }
+
+    /// Folds up to `max` changes of the overlay into redb, round after
+    /// round: what the batches added during a round is the next one, so the
+    /// fold ends (the overlay empty, batches back to redb) in the step where
+    /// the budget covers all that is left ([`super::fold`]).
+    fn fold_step(&mut self, max: usize) {
+        let Some(mut folding) = self.folding.take() else {
+            return;
+        };
+        let started = Instant::now();
+        let mut budget = max;
+        loop {
+            match self
+                .overlay
+                .fold_slice(&self.database, &mut folding, budget, self.seq)
+            {
+                Ok((_, false)) => {
+                    self.folding = Some(folding);
+                    break;
+                }
+                Ok((written, true)) => {
+                    budget -= written;
+                    match self.overlay.next_round(folding) {
+                        Some(next) if budget > 0 => folding = next,
+                        next => {
+                            self.folding = next;
+                            break;
+                        }
+                    }
+                }
+                Err(failure) => {
+                    // redb lacks changes the log has: later batches would
+                    // diverge from what a replay rebuilds.
+                    self.failures
+                        .uncertain(failure.during("folding the overlay into redb failed"));
+                    break;
+                }
+            }
+        }
+        self.last_checkpoint_span = Some((started, Instant::now()));
     }
 
     /// Applies a batch, makes it durable and replies to every operation.
@@ -246,7 +311,7 @@ impl Writer {
         let started = Instant::now();
         let mut times = BatchTimes::default();
         self.frame.begin(seq);
-        let outcome = if self.checkpointer.is_running() {
+        let outcome = if self.checkpointer.is_running() || self.folding.is_some() {
             self.overlay_batch(batch, started, &mut times)
         } else {
             let applied = self.apply_ops(seq, batch);
@@ -420,18 +485,15 @@ impl Writer {
 mod tests {
     use super::*;
     use crate::store::embedded::blocks::{Blocks, VerifiedFile};
-    use crate::store::embedded::checkpoint::CHECKPOINT_INTERVAL;
+    use crate::store::embedded::checkpoint::{BeforeCheckpoint, CHECKPOINT_INTERVAL};
     use crate::store::embedded::group::Waker;
     use crate::store::embedded::tables::Insert;
     use crate::store::embedded::tests::{NOW, completed};
 
-    /// The writer's part of a background checkpoint (taking its outcome,
-    /// folding the overlay) is what `checkpoint_wait` measures: timed in
-    /// normal running, not only at close.
-    #[test]
-    fn background_checkpoints_time_the_writers_part() {
-        let dir = tempfile::tempdir().expect("dir");
-        let (blocks, _) = Blocks::open(&dir.path().join("db")).expect("blocks");
+    /// A writer on a fresh store in `dir`, checkpointing in the background
+    /// (each checkpoint after `before`).
+    fn writer(dir: &std::path::Path, before: BeforeCheckpoint) -> Writer {
+        let (blocks, _) = Blocks::open(&dir.join("db")).expect("blocks");
         let database = Arc::new(
             Database::builder()
                 .create_with_backend(VerifiedFile(Arc::clone(&blocks)))
@@ -441,15 +503,15 @@ mod tests {
         drop(RedbTables::open(&txn).expect("tables"));
         record_seq(&txn, 0).expect("seq");
         txn.commit().expect("commit");
-        let wal = wal::Wal::open(dir.path()).expect("wal");
+        let wal = wal::Wal::open(dir).expect("wal");
         let checkpointer =
-            Checkpointer::start(Arc::clone(&database), Waker::<WriteOp>::detached(), None)
+            Checkpointer::start(Arc::clone(&database), Waker::<WriteOp>::detached(), before)
                 .expect("checkpointer");
-        let options = EmbeddedOptions::new(dir.path());
+        let options = EmbeddedOptions::new(dir);
         let stats = Arc::new(WriterStats::default());
         let overlay = Overlay::default();
-        let failures = Failures::new(dir.path().to_path_buf(), blocks);
-        let mut writer = Writer::new(
+        let failures = Failures::new(dir.to_path_buf(), blocks);
+        Writer::new(
             database,
             wal,
             0,
@@ -458,15 +520,25 @@ mod tests {
             stats,
             checkpointer,
             failures,
-        );
-        let insert = |key: &str| {
-            let record = completed(key, b"x", NOW + 1_000_000);
-            queue(Insert {
-                record,
-                now_ms: NOW,
-            })
-            .0
-        };
+        )
+    }
+
+    fn insert(key: &str) -> WriteOp {
+        let record = completed(key, b"x", NOW + 1_000_000);
+        queue(Insert {
+            record,
+            now_ms: NOW,
+        })
+        .0
+    }
+
+    /// The writer's part of a background checkpoint (taking its outcome,
+    /// folding the overlay) is what `checkpoint_wait` measures: timed in
+    /// normal running, not only at close.
+    #[test]
+    fn background_checkpoints_time_the_writers_part() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut writer = writer(dir.path(), None);
         writer.write(&mut vec![insert("a")]);
         std::thread::sleep(CHECKPOINT_INTERVAL);
         writer.write(&mut vec![insert("b")]);
@@ -481,6 +553,59 @@ mod tests {
         }
         assert!(!writer.checkpointer.is_running(), "the checkpoint ended");
         assert!(writer.last_checkpoint_span.is_some());
+        for _ in 0..10 {
+            writer.write(&mut Vec::new());
+        }
+        assert!(writer.folding.is_none(), "the fold ended");
         assert!(writer.overlay.snapshot().is_empty(), "folded");
+    }
+
+    /// Under a steady stream of batches (no empty one to fold the rest at
+    /// once), the fold in slices still ends: the writer goes back to redb
+    /// and the next checkpoint can begin. (A fold that left each step's
+    /// last batch in the overlay never ended, and the log grew without
+    /// bound.)
+    #[test]
+    fn the_fold_ends_while_batches_keep_coming() {
+        let dir = tempfile::tempdir().expect("dir");
+        // A checkpoint long enough for the overlay to outgrow a slice.
+        let slow: BeforeCheckpoint = Some(Arc::new(|| {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }));
+        let mut writer = writer(dir.path(), slow);
+        writer.write(&mut vec![insert("a")]);
+        std::thread::sleep(CHECKPOINT_INTERVAL);
+        writer.write(&mut vec![insert("b")]);
+        assert!(writer.checkpointer.is_running(), "a checkpoint was due");
+        let mut n = 0;
+        let mut batch = |size: usize| {
+            (0..size)
+                .map(|_| {
+                    n += 1;
+                    insert(&format!("k{n}"))
+                })
+                .collect::<Vec<_>>()
+        };
+        for _ in 0..4 {
+            writer.write(&mut batch(200));
+        }
+        for _ in 0..500 {
+            if !writer.checkpointer.is_running() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            writer.write(&mut batch(2));
+        }
+        assert!(!writer.checkpointer.is_running(), "the checkpoint ended");
+        assert!(
+            writer.overlay.snapshot().records.len() > FOLD_SLICE,
+            "more than a slice to fold"
+        );
+        for _ in 0..20 {
+            writer.write(&mut batch(2));
+        }
+        assert!(writer.folding.is_none(), "the fold ended");
+        assert!(writer.overlay.snapshot().is_empty(), "folded");
+        assert_eq!(writer.stats.checkpoints.load(Ordering::Relaxed), 1);
     }
 }
