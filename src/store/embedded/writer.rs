@@ -146,7 +146,8 @@ pub(super) struct Writer {
 
 /// Changes a fold slice writes at least. With each batch the writer folds
 /// the larger of this and [`FOLD_PER_OPERATION`] per operation of the batch:
-/// a slice of 512 is ~3 ms of B-tree writes here, and an operation changes
+/// a slice of 512 took 0.1-1.6 ms of B-tree writes here (fresh Claims at 64
+/// in flight, logged per step while measuring), and an operation changes
 /// at most 3 entries (record, expiry, pending) and removes at most 3, so the
 /// fold always outpaces the batches and the overlay drains.
 const FOLD_SLICE: usize = 512;
