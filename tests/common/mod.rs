@@ -162,6 +162,33 @@ pub async fn connect(addr: std::net::SocketAddr) -> IdempotencyClient<Channel> {
         .max_encoding_message_size(8 * 1024 * 1024)
 }
 
+/// Claims `request` as `tenant` on a new client of `server`; panics on an
+/// error status.
+pub async fn claim_ok(
+    server: &TestServer,
+    tenant: &str,
+    request: pb::ClaimRequest,
+) -> pb::ClaimResponse {
+    server
+        .new_client()
+        .await
+        .claim(as_tenant(tenant, request))
+        .await
+        .expect("claim succeeds")
+        .into_inner()
+}
+
+/// Milliseconds since the Unix epoch on this machine's wall clock.
+pub fn wall_ms() -> i64 {
+    i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_millis(),
+    )
+    .expect("ms fit i64")
+}
+
 /// A request as tenant `tenant` (auth off: `x-tenant-id`).
 pub fn as_tenant<T>(tenant: &str, message: T) -> Request<T> {
     let mut request = Request::new(message);

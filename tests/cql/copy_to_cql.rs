@@ -20,8 +20,8 @@ use idemd::store::cql::session::rows;
 use scylla::value::CqlValue;
 
 use crate::common::{
-    PAYMENTS, TestServer, as_tenant, claim, claimed, dur, outcome_name, replayed, sample_response,
-    test_settings, ts_ms,
+    PAYMENTS, TestServer, as_tenant, claim, claim_ok, claimed, dur, outcome_name, replayed,
+    sample_response, test_settings, ts_ms, wall_ms,
 };
 use crate::cql_support::{TEST_KEYSPACE, migrated_options, nodes};
 
@@ -52,20 +52,6 @@ async fn copy(
         panic!("not copy-to-cql");
     };
     idemd::cli::copy_to_cql::run(&args).await
-}
-
-async fn claim_as(
-    server: &TestServer,
-    tenant: &str,
-    request: pb::ClaimRequest,
-) -> pb::ClaimResponse {
-    server
-        .new_client()
-        .await
-        .claim(as_tenant(tenant, request))
-        .await
-        .expect("claim")
-        .into_inner()
 }
 
 async fn fail_as(
@@ -163,21 +149,21 @@ async fn a_moved_store_replays_keeps_leases_and_pending_and_a_rerun_copies_nothi
     let mut settings = test_settings(dir.path());
     settings.encryption_keys = Some(keys.clone());
     let old = TestServer::start(dir, settings, None).await;
-    let done = claimed(&claim_as(&old, &tenant, claim(PAYMENTS, "done", 1)).await);
+    let done = claimed(&claim_ok(&old, &tenant, claim(PAYMENTS, "done", 1)).await);
     complete_as(&old, &tenant, "done", &done.lease_token)
         .await
         .expect("complete");
     let mut long = claim(PAYMENTS, "held", 2);
     long.lease = Some(dur(Duration::from_secs(600)));
-    let held = claimed(&claim_as(&old, &tenant, long).await);
+    let held = claimed(&claim_ok(&old, &tenant, long).await);
     let mut short = claim(PAYMENTS, "stale", 3);
     short.lease = Some(dur(Duration::from_secs(1)));
-    claimed(&claim_as(&old, &tenant, short).await);
+    claimed(&claim_ok(&old, &tenant, short).await);
     for (key, disposition) in [
         ("failed", pb::Disposition::Failed),
         ("unknown", pb::Disposition::Unknown),
     ] {
-        let lease = claimed(&claim_as(&old, &tenant, claim(PAYMENTS, key, 4)).await);
+        let lease = claimed(&claim_ok(&old, &tenant, claim(PAYMENTS, key, 4)).await);
         fail_as(&old, &tenant, key, &lease.lease_token, disposition).await;
     }
 
@@ -230,17 +216,17 @@ async fn a_moved_store_replays_keeps_leases_and_pending_and_a_rerun_copies_nothi
     );
 
     // An acknowledged key replays, byte for byte.
-    let retry = claim_as(&new, &tenant, claim(PAYMENTS, "done", 1)).await;
+    let retry = claim_ok(&new, &tenant, claim(PAYMENTS, "done", 1)).await;
     assert_eq!(
         replayed(&retry).response,
         Some(sample_response("done")),
         "the stored response replays"
     );
     // Reuse with another request is 422.
-    let reuse = claim_as(&new, &tenant, claim(PAYMENTS, "done", 99)).await;
+    let reuse = claim_ok(&new, &tenant, claim(PAYMENTS, "done", 99)).await;
     assert_eq!((outcome_name(&reuse), reuse.http_status), ("mismatch", 422));
     // The lease holds: a duplicate is 409, the holder's token completes.
-    let duplicate = claim_as(&new, &tenant, claim(PAYMENTS, "held", 2)).await;
+    let duplicate = claim_ok(&new, &tenant, claim(PAYMENTS, "held", 2)).await;
     assert_eq!(
         (outcome_name(&duplicate), duplicate.http_status),
         ("in_progress", 409)
@@ -259,7 +245,7 @@ async fn a_moved_store_replays_keeps_leases_and_pending_and_a_rerun_copies_nothi
     complete_as(&new, &tenant, "held", &held.lease_token)
         .await
         .expect("the original lease token completes after the move");
-    let after = claim_as(&new, &tenant, claim(PAYMENTS, "held", 2)).await;
+    let after = claim_ok(&new, &tenant, claim(PAYMENTS, "held", 2)).await;
     assert_eq!(replayed(&after).response, Some(sample_response("held")));
 
     // The target now differs from the source for "held": a third run
@@ -278,19 +264,9 @@ async fn a_moved_store_replays_keeps_leases_and_pending_and_a_rerun_copies_nothi
         !message.contains("\"held\""),
         "never the raw key: {message}"
     );
-    let still = claim_as(&new, &tenant, claim(PAYMENTS, "held", 2)).await;
+    let still = claim_ok(&new, &tenant, claim(PAYMENTS, "held", 2)).await;
     assert_eq!(outcome_name(&still), "replayed", "not overwritten");
     new.stop().await;
-}
-
-fn wall_ms() -> i64 {
-    i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_millis(),
-    )
-    .expect("ms fit i64")
 }
 
 fn ts_nanos() -> u128 {

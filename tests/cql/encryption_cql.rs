@@ -13,29 +13,21 @@ use idemd::store::{
 };
 use scylla::value::CqlValue;
 
+use crate::common::wall_ms;
+
 const KEYS: &str = "cql-k1 AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
 
 fn keyring() -> Arc<Keyring> {
     Arc::new(Keyring::parse(std::path::Path::new("test-keys"), KEYS).expect("keyring"))
 }
 
-fn now_ms() -> i64 {
-    i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_millis(),
-    )
-    .expect("ms fit i64")
-}
-
 /// A tenant unique to this run, so reruns and parallel tests never meet.
 fn tenant() -> String {
-    format!("enc-{}-{}", std::process::id(), now_ms())
+    format!("enc-{}-{}", std::process::id(), wall_ms())
 }
 
 fn completed(tenant: &str, key: &str, marker: &str) -> Record {
-    let now = now_ms();
+    let now = wall_ms();
     Record {
         id: RecordKey {
             tenant: tenant.into(),
@@ -91,7 +83,7 @@ async fn response_blob_is_sealed_and_bound_to_its_row() {
     let tenant = tenant();
     let marker = "MARKER-cql-9d41";
     let record = completed(&tenant, "k-a", marker);
-    let now = now_ms();
+    let now = wall_ms();
     assert_eq!(
         store.insert_if_absent(&record, now).await,
         Ok(InsertOutcome::Inserted)
@@ -147,7 +139,7 @@ async fn blobs_written_in_clear_stay_readable_after_turning_encryption_on() {
     let options = crate::cql_support::migrated_options().await;
     let tenant = tenant();
     let record = completed(&tenant, "k-old", "MARKER-cql-plain");
-    let now = now_ms();
+    let now = wall_ms();
     let plain_store = CqlStore::open(&options).await.expect("open");
     assert_eq!(
         plain_store.insert_if_absent(&record, now).await,
@@ -189,7 +181,7 @@ async fn response_blobs_written_by_0_1_0_still_read() {
         .await
         .expect("open");
     let session = idemd::store::cql::connect(&options).await.expect("connect");
-    let now = now_ms();
+    let now = wall_ms();
     for (tenant, key, blob) in [
         (tenant(), "completed".to_string(), PLAIN_0_1_0),
         (

@@ -68,20 +68,6 @@ macro_rules! grpc_suite {
 
 const T: &str = "acme";
 
-async fn claim_ok(
-    server: &TestServer,
-    tenant: &str,
-    request: pb::ClaimRequest,
-) -> pb::ClaimResponse {
-    server
-        .new_client()
-        .await
-        .claim(as_tenant(tenant, request))
-        .await
-        .expect("claim succeeds")
-        .into_inner()
-}
-
 async fn complete(
     server: &TestServer,
     key: &str,
