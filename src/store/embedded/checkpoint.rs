@@ -2,14 +2,18 @@
 //! cover may be reused. Every checkpoint, the periodic ones and the last
 //! one at close, runs on the checkpoint thread, one at a time, while the
 //! writer goes on logging and acknowledging into the overlay
-//! ([`super::overlay`]).
+//! ([`super::overlay`]). Between checkpoints the same thread writes the
+//! database file back every [`WRITE_BACK_INTERVAL`] while it is written, so
+//! the next checkpoint's sync has little left to flush (see
+//! `blocks::writeback`).
 
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::time::{Duration, Instant};
 
 use redb::Database;
 
+use super::blocks::{Blocks, WRITE_BACK_INTERVAL};
 use super::failure::Failure;
 use super::group::Waker;
 
@@ -59,9 +63,11 @@ impl Drop for Checkpointer {
 impl Checkpointer {
     /// Starts the thread; it wakes the writer through `waker` after each
     /// checkpoint, so that the writer folds the overlay into redb even when
-    /// no write follows.
+    /// no write follows, and writes `blocks` (the database's file) back
+    /// between checkpoints.
     pub(super) fn start<T: Send + 'static>(
         database: Arc<Database>,
+        blocks: Arc<Blocks>,
         waker: Waker<T>,
         before: BeforeCheckpoint,
     ) -> std::io::Result<Self> {
@@ -70,7 +76,15 @@ impl Checkpointer {
         let thread = std::thread::Builder::new()
             .name("idemd-store-checkpoint".to_string())
             .spawn(move || {
-                while requested.recv().is_ok() {
+                loop {
+                    match requested.recv_timeout(WRITE_BACK_INTERVAL) {
+                        Ok(()) => {}
+                        Err(RecvTimeoutError::Timeout) => {
+                            blocks.write_back();
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Disconnected) => return,
+                    }
                     if let Some(before) = &before {
                         before();
                     }
@@ -150,4 +164,61 @@ fn durable_commit(database: &Database) -> Result<(), Failure> {
     let mut txn = database.begin_write().map_err(|e| Failure::of(&e))?;
     txn.set_quick_repair(true);
     txn.commit().map_err(|e| Failure::of(&e))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::time::{Duration, Instant};
+
+    use redb::StorageBackend;
+
+    use super::*;
+    use crate::store::embedded::blocks::{BLOCK, VerifiedFile};
+
+    /// A database on a fresh file in `dir`, and the file's blocks.
+    fn database(dir: &std::path::Path) -> (Arc<Database>, Arc<Blocks>) {
+        let (blocks, _) = Blocks::open(&dir.join("db")).expect("blocks");
+        let database = Database::builder()
+            .create_with_backend(VerifiedFile(Arc::clone(&blocks)))
+            .expect("create");
+        (Arc::new(database), blocks)
+    }
+
+    #[test]
+    fn the_file_is_written_back_between_checkpoints() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (database, blocks) = database(dir.path());
+        let _checkpointer =
+            Checkpointer::start(database, Arc::clone(&blocks), Waker::<()>::detached(), None)
+                .expect("checkpointer");
+        // A write past redb's end of file, as an evicted page reaches the
+        // file between checkpoints; no checkpoint is asked for.
+        let file = VerifiedFile(Arc::clone(&blocks));
+        let end = file.len().expect("len");
+        file.write(end, &[7u8; BLOCK]).expect("write");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !blocks.is_written_back() {
+            assert!(
+                Instant::now() < deadline,
+                "no write-back within 10 s (every {WRITE_BACK_INTERVAL:?} expected)"
+            );
+            std::thread::sleep(WRITE_BACK_INTERVAL / 5);
+        }
+    }
+
+    #[test]
+    fn a_failed_write_back_fails_the_next_checkpoint() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (database, blocks) = database(dir.path());
+        durable_commit(&database).expect("a checkpoint before the failure");
+        blocks.fail_write_back(io::ErrorKind::StorageFull);
+        let failure = durable_commit(&database).expect_err("a checkpoint after it");
+        assert_eq!(
+            failure.cause,
+            crate::store::embedded::failure::Cause::Full,
+            "the failure keeps its kind, so the writer tells a full disk apart: {}",
+            failure.reason
+        );
+    }
 }

@@ -359,9 +359,13 @@ impl EmbeddedStore {
             QUEUE_DEPTH,
             MAX_BATCH,
             |waker| {
-                let checkpointer =
-                    Checkpointer::start(Arc::clone(&database), waker, before_checkpoint)
-                        .map_err(|e| storage_error("cannot start the checkpoint thread", e))?;
+                let checkpointer = Checkpointer::start(
+                    Arc::clone(&database),
+                    Arc::clone(&blocks),
+                    waker,
+                    before_checkpoint,
+                )
+                .map_err(|e| storage_error("cannot start the checkpoint thread", e))?;
                 Ok(Writer::new(
                     Arc::clone(&database),
                     wal,

@@ -505,9 +505,13 @@ mod tests {
         record_seq(&txn, 0).expect("seq");
         txn.commit().expect("commit");
         let wal = wal::Wal::open(dir).expect("wal");
-        let checkpointer =
-            Checkpointer::start(Arc::clone(&database), Waker::<WriteOp>::detached(), before)
-                .expect("checkpointer");
+        let checkpointer = Checkpointer::start(
+            Arc::clone(&database),
+            Arc::clone(&blocks),
+            Waker::<WriteOp>::detached(),
+            before,
+        )
+        .expect("checkpointer");
         let options = EmbeddedOptions::new(dir);
         let stats = Arc::new(WriterStats::default());
         let overlay = Overlay::default();

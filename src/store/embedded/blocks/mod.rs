@@ -17,6 +17,10 @@
 //! pass over the whole file at a bounded rate, so damage is found before a
 //! request (or a backup) needs the block.
 //!
+//! Between checkpoints the file's dirty pages are written back a little at
+//! a time ([`writeback`]), so a checkpoint's sync is not one long burst the
+//! log's syncs queue behind.
+//!
 //! # When the sums can be trusted
 //!
 //! They describe the file as this process last wrote it. On open they are
@@ -46,6 +50,7 @@
 
 mod scrub;
 pub(super) mod sidecar;
+mod writeback;
 
 use std::io;
 use std::ops::Bound;
@@ -62,6 +67,8 @@ use crate::store::embedded::wal::crc32c;
 pub(crate) use scrub::Scrubber;
 pub use scrub::{DEFAULT_SCRUB_INTERVAL, DEFAULT_SCRUB_RATE, ScrubOptions};
 use sidecar::{Header, Sidecar};
+pub(super) use writeback::WRITE_BACK_INTERVAL;
+use writeback::WriteBack;
 
 /// Bytes per checksum: redb's page size, so a page read is checked by
 /// whole blocks.
@@ -103,6 +110,8 @@ pub(crate) struct Blocks {
     damage: OnceLock<String>,
     /// The data file's path, named in reports.
     path: PathBuf,
+    /// What the file holds that no sync has reached yet ([`writeback`]).
+    write_back: WriteBack,
 }
 
 impl Blocks {
@@ -155,6 +164,7 @@ impl Blocks {
             header: Mutex::new(Header::default()),
             damage: OnceLock::new(),
             path: path.to_path_buf(),
+            write_back: WriteBack::default(),
         };
         let trust = blocks
             .load(previous, len)
@@ -293,6 +303,27 @@ impl Blocks {
         self.sidecar.sync()?;
         *lock(&self.header) = header;
         Ok(())
+    }
+
+    /// Writes the file's dirty pages back if it was written since the last
+    /// sync (the checkpoint thread, between checkpoints: see
+    /// [`writeback`]). A failure fails every later sync of the file.
+    pub(super) fn write_back(&self) {
+        self.write_back.run(|| self.data.sync_data());
+    }
+
+    /// Whether every write reached a sync of the file.
+    #[cfg(test)]
+    pub(super) fn is_written_back(&self) -> bool {
+        !self.write_back.is_pending()
+    }
+
+    /// Makes the next write-back fail with `kind`, as `fdatasync` fails
+    /// after a lost write.
+    #[cfg(test)]
+    pub(super) fn fail_write_back(&self, kind: io::ErrorKind) {
+        self.write_back.wrote();
+        self.write_back.run(|| Err(io::Error::from(kind)));
     }
 
     /// The damage found, if any (the text callers and operators are told).
@@ -515,10 +546,13 @@ impl StorageBackend for VerifiedFile {
     fn sync_data(&self) -> Result<(), io::Error> {
         let blocks = &self.0;
         let _io = lock(&blocks.io);
+        blocks.write_back.check()?;
         // Everything written is summed: nothing is in flight across a sync.
         blocks.sidecar.mark_in_flight(0, 0)?;
         blocks.sidecar.sync()?;
-        blocks.data.sync_data()
+        blocks.data.sync_data()?;
+        blocks.write_back.synced();
+        Ok(())
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
@@ -527,6 +561,7 @@ impl StorageBackend for VerifiedFile {
         let first = offset / BLOCK as u64;
         let last = (offset + data.len() as u64).div_ceil(BLOCK as u64);
         blocks.sidecar.mark_in_flight(first, last - first)?;
+        blocks.write_back.wrote();
         blocks.data.write(offset, data)?;
         let mut changed = Vec::with_capacity(to_index(last - first));
         let mut buffer = Vec::new();
@@ -558,6 +593,7 @@ impl StorageBackend for VerifiedFile {
             let _io = lock(&blocks.io);
             let header = lock(&blocks.header).clone();
             if header.complete && blocks.damage.get().is_none() {
+                blocks.write_back.check()?;
                 blocks.data.sync_data()?;
                 blocks.sidecar.mark_in_flight(0, 0)?;
                 blocks.persist_header(Header {
