@@ -14,6 +14,7 @@
 //! on_5xx = "release"              # or "store": replay the 5xx too
 //! ignore_fields = []              # JSON Pointers left out of the fingerprint
 //! store_headers = ["content-type", "location", "etag"] # replayed headers
+//! expose_failure_reason = false   # development only: 409s name the reason
 //!
 //! [[routes]]
 //! path = "/v1/payments/{id}"      # {name} is one segment; a final /* any rest
@@ -83,6 +84,12 @@ pub struct RouteSettings {
     pub ignore_fields: Vec<String>,
     /// Response headers stored for replays (lower case).
     pub store_headers: Vec<HeaderName>,
+    /// Whether a 409 `outcome_pending` carries the key's stored reason.
+    /// Off by default: the reason is written for operators (an upstream's
+    /// or a handler's error text), not for whoever retries the request
+    /// (clients/conformance/http-scenarios.md, "What an HTTP caller learns
+    /// about a failed handler"). For development only.
+    pub expose_failure_reason: bool,
 }
 
 /// Default of `max_request_bytes`: the fingerprint's own body limit.
@@ -114,6 +121,7 @@ impl Default for RouteSettings {
             max_wait: Duration::ZERO,
             upstream_timeout: DEFAULT_UPSTREAM_TIMEOUT,
             on_5xx: On5xx::Release,
+            expose_failure_reason: false,
             ignore_fields: Vec::new(),
             store_headers: DEFAULT_STORE_HEADERS
                 .iter()
@@ -227,6 +235,18 @@ impl Routes {
         }
     }
 
+    /// The routes (`"defaults"` for the defaults) whose 409s carry the
+    /// stored reason: the proxy names them in a warning at start-up.
+    pub fn exposing_failure_reasons(&self) -> Vec<&str> {
+        let defaults = self.defaults.expose_failure_reason.then_some("defaults");
+        let routes = self
+            .routes
+            .iter()
+            .filter(|route| route.settings.expose_failure_reason)
+            .map(|route| route.path.as_str());
+        defaults.into_iter().chain(routes).collect()
+    }
+
     /// Reads and checks a routes file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| {
@@ -308,6 +328,7 @@ struct RouteFile {
     on_5xx: Option<On5xx>,
     ignore_fields: Option<Vec<String>>,
     store_headers: Option<Vec<String>>,
+    expose_failure_reason: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -352,6 +373,9 @@ impl RouteFile {
             max_wait: self.max_wait.unwrap_or(base.max_wait),
             upstream_timeout: self.upstream_timeout.unwrap_or(base.upstream_timeout),
             on_5xx: self.on_5xx.unwrap_or(base.on_5xx),
+            expose_failure_reason: self
+                .expose_failure_reason
+                .unwrap_or(base.expose_failure_reason),
             ignore_fields: self
                 .ignore_fields
                 .clone()
@@ -412,6 +436,42 @@ mod tests {
         assert_eq!(nested.settings.on_5xx, On5xx::Release);
         let other = routes.find(&Method::PATCH, "/health");
         assert_eq!(other.endpoint, "PATCH /health");
+    }
+
+    #[test]
+    fn failure_reasons_stay_private_unless_a_route_exposes_them() {
+        let routes = Routes::parse(
+            r#"
+            [[routes]]
+            path = "/debug/*"
+            expose_failure_reason = true
+            [[routes]]
+            path = "/v1/*"
+            "#,
+        )
+        .expect("parse");
+        assert!(!RouteSettings::default().expose_failure_reason);
+        assert!(
+            routes
+                .find(&Method::POST, "/debug/x")
+                .settings
+                .expose_failure_reason
+        );
+        assert!(
+            !routes
+                .find(&Method::POST, "/v1/x")
+                .settings
+                .expose_failure_reason
+        );
+        assert!(
+            !routes
+                .find(&Method::POST, "/other")
+                .settings
+                .expose_failure_reason
+        );
+        assert_eq!(routes.exposing_failure_reasons(), vec!["/debug/*"]);
+        let all = Routes::parse("[defaults]\nexpose_failure_reason = true\n").expect("parse");
+        assert_eq!(all.exposing_failure_reasons(), vec!["defaults"]);
     }
 
     #[test]

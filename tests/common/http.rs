@@ -110,7 +110,8 @@ pub struct Seen {
 /// test app copies. Paths:
 /// * `.../slow/...`: answers after [`Upstream::SLOW`];
 /// * `.../fail/...`: answers 500;
-/// * `/crash/...`: sends the head and part of the body, then closes;
+/// * `/crash/...` and `/crash-exposed/...`: sends the head and part of the
+///   body, then closes;
 /// * `/big/...`: answers 64 KiB;
 /// * anything else: 201 with a JSON body naming the execution, a
 ///   `location` and a `set-cookie` header.
@@ -200,7 +201,7 @@ async fn connection(stream: tokio::net::TcpStream, seen: Arc<Mutex<Seen>>) {
         if path.contains("/slow/") {
             tokio::time::sleep(Upstream::SLOW).await;
         }
-        if path.starts_with("/crash/") {
+        if path.starts_with("/crash/") || path.starts_with("/crash-exposed/") {
             let _ = stream
                 .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"partial\":")
                 .await;

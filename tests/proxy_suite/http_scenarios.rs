@@ -167,6 +167,12 @@ fn check(
     if let Some(expected) = expect["body"].as_str() {
         assert_eq!(body, expected, "{at}: body");
     }
+    for needle in strings(&expect["body_includes"]) {
+        assert!(body.contains(needle), "{at}: body lacks {needle:?}: {body}");
+    }
+    for needle in strings(&expect["body_excludes"]) {
+        assert!(!body.contains(needle), "{at}: body has {needle:?}: {body}");
+    }
     if let Some(length) = expect["body_length"].as_u64() {
         assert_eq!(answer.body.len() as u64, length, "{at}: body length");
     }
@@ -180,6 +186,15 @@ fn check(
             "{at}: body differs from {name}'s"
         );
     }
+}
+
+/// The strings of a JSON array (none when absent).
+fn strings(value: &Value) -> impl Iterator<Item = &str> {
+    value
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
 }
 
 /// Checks the answers of a `parallel` step.

@@ -13,7 +13,7 @@
 //! | retry after it completed | the stored answer + `Idempotent-Replayed: true` |
 //! | retry while the first runs | 409 `request_in_progress` + `Retry-After` (or a wait up to `max_wait`) |
 //! | same key, different method, path or body | 422 `idempotency_key_reuse` |
-//! | key whose outcome is unknown | 409 `outcome_pending` (until Reconcile) |
+//! | key whose outcome is unknown | 409 `outcome_pending` (until Reconcile), with the key's state; its stored reason only with `expose_failure_reason` |
 //! | upstream refused the connection | 502, key released (nothing ran) |
 //! | upstream timed out or reset after the request was sent | 504 `outcome_pending`, key UNKNOWN |
 //! | upstream 5xx | returned; key released or stored (`on_5xx`) |
@@ -86,6 +86,15 @@ fn count(outcome: &'static str) {
 impl<S: Services> Proxy<S> {
     /// A proxy calling `services`.
     pub fn new(services: S, settings: &ProxySettings) -> Result<Self, crate::config::ConfigError> {
+        let exposing = settings.routes.exposing_failure_reasons();
+        if !exposing.is_empty() {
+            tracing::warn!(
+                routes = ?exposing,
+                "expose_failure_reason is on: 409 outcome_pending answers on these routes carry the \
+                 stored failure reason (upstream and handler error text) to every caller; for \
+                 development only"
+            );
+        }
         Ok(Self {
             services,
             routes: Arc::new(settings.routes.clone()),
@@ -241,7 +250,9 @@ impl<S: Services> Proxy<S> {
                     "the outcome of the first request with this Idempotency-Key is not known; it is waiting for an operator's decision",
                 );
                 problem.set("state", json!(state));
-                problem.set("reason", json!(pending.reason));
+                if settings.expose_failure_reason {
+                    problem.set("reason", json!(pending.reason));
+                }
                 boxed(problem.response())
             }
             None => boxed(

@@ -9,12 +9,12 @@
 //! cache, where they wait for the checkpoint's `fdatasync`. At ~13,000
 //! fresh Claims/s that is ~45 MB flushed in one burst per second, and the
 //! log's own `fdatasync` (which every acknowledgement waits for) queued
-//! behind it: the slowest 0.1% of Claims waited 26-58 ms at 64 in flight,
-//! behind svix/diom (an LSM, which writes sequentially). The checkpoint
-//! thread, idle between checkpoints, now syncs the file every
-//! [`WRITE_BACK_INTERVAL`] while it is written, so each burst is small:
-//! p999 went to 16-19 ms in the same side-by-side runs (`idemd-bench
-//! peers`), with the same throughput.
+//! behind it: the slowest 0.1% of Claims waited 20-58 ms at 64 in flight
+//! (six side-by-side runs with svix/diom, an LSM that writes sequentially,
+//! which stayed at 15-28 ms). The checkpoint thread, idle between
+//! checkpoints, now syncs the file every [`WRITE_BACK_INTERVAL`] while it
+//! is written, so each burst is small: p999 14-26 ms in the same runs, with
+//! the same throughput.
 //!
 //! # Why it is safe
 //!
@@ -35,9 +35,10 @@ use std::time::Duration;
 
 /// How often the checkpoint thread writes the file back while it is being
 /// written. Measured with `idemd-bench peers`-style runs (fresh Claims, 64
-/// in flight, server and client pinned to one core each): p999 26-58 ms
-/// with no write-back, 16-19 ms at 50 ms, 18-20 ms at 100 ms, 15-25 ms at
-/// 250 ms. An idle store is never synced (see [`WriteBack::wrote`]).
+/// in flight, server and client pinned to one core each, three runs each):
+/// p999 20-58 ms with no write-back, 16-17 ms at 50 ms, 18-20 ms at
+/// 100 ms, 15-25 ms at 250 ms. An idle store is never synced (see
+/// [`WriteBack::wrote`]).
 pub(in crate::store::embedded) const WRITE_BACK_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Whether the file has pages to write back, and the first write-back that
