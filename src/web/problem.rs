@@ -140,9 +140,37 @@ impl Problem {
         Value::Object(self.members.clone())
     }
 
+    /// The JSON text: RFC 9457's members first, in the RFC's order (`type`,
+    /// `title`, `status`, `detail`), then the extensions by name. Every
+    /// front end (this server's HTTP port, `idemd proxy`, each SDK's
+    /// middleware) writes this order, so their bodies compare byte for
+    /// byte; serde_json's map alone would sort `detail` first.
+    pub fn to_json(&self) -> Vec<u8> {
+        const STANDARD: [&str; 4] = ["type", "title", "status", "detail"];
+        let standard = STANDARD
+            .iter()
+            .filter_map(|name| self.members.get_key_value(*name));
+        let extensions = self
+            .members
+            .iter()
+            .filter(|(name, _)| !STANDARD.contains(&name.as_str()));
+        let mut out = b"{".to_vec();
+        for (index, (name, value)) in standard.chain(extensions).enumerate() {
+            if index > 0 {
+                out.push(b',');
+            }
+            // Strings and JSON values always serialise.
+            out.extend(serde_json::to_vec(name).unwrap_or_default());
+            out.push(b':');
+            out.extend(serde_json::to_vec(value).unwrap_or_default());
+        }
+        out.push(b'}');
+        out
+    }
+
     /// The HTTP response.
     pub fn response(&self) -> http::Response<Full<Bytes>> {
-        let body = serde_json::to_vec(&self.members).unwrap_or_default();
+        let body = self.to_json();
         let mut response = http::Response::new(Full::new(Bytes::from(body)));
         *response.status_mut() = self.status;
         let headers = response.headers_mut();
@@ -165,6 +193,20 @@ pub fn retry_after_value(after: Duration) -> HeaderValue {
 mod tests {
     use super::*;
     use crate::api::status;
+
+    #[test]
+    fn members_are_written_in_the_rfcs_order_then_by_name() {
+        let mut problem = Problem::new(StatusCode::CONFLICT, "outcome_pending", "not known");
+        problem.set("state", json!("STATE_UNKNOWN"));
+        problem.set("attempt", json!(2));
+        let text = String::from_utf8(problem.to_json()).expect("utf-8");
+        assert_eq!(
+            text,
+            r#"{"type":"https://idemd.dev/problems/outcome_pending","title":"Conflict","status":409,"detail":"not known","attempt":2,"state":"STATE_UNKNOWN"}"#
+        );
+        let parsed: Value = serde_json::from_str(&text).expect("valid JSON");
+        assert_eq!(parsed, problem.body());
+    }
 
     #[test]
     fn a_field_violation_becomes_a_400_naming_the_field() {
