@@ -50,6 +50,9 @@ pub fn http_status(code: Code) -> StatusCode {
     }
 }
 
+/// RFC 9457's own members, in the order it lists them.
+const STANDARD: [&str; 4] = ["type", "title", "status", "detail"];
+
 /// A problem being built: RFC 9457's members plus idemd's extensions.
 #[derive(Debug, Clone)]
 pub struct Problem {
@@ -57,6 +60,9 @@ pub struct Problem {
     pub status: StatusCode,
     /// Members of the JSON object (`type`, `title`, `detail`, extensions).
     members: Map<String, Value>,
+    /// The extensions' names in the order they were first set: the order
+    /// they are written in (the map alone would sort them).
+    extensions: Vec<String>,
     /// `Retry-After`, in whole seconds rounded up, when set.
     retry_after: Option<Duration>,
 }
@@ -75,6 +81,7 @@ impl Problem {
         Self {
             status,
             members,
+            extensions: Vec::new(),
             retry_after: None,
         }
     }
@@ -125,7 +132,9 @@ impl Problem {
 
     /// Adds or replaces an extension member.
     pub fn set(&mut self, name: &str, value: Value) -> &mut Self {
-        self.members.insert(name.to_string(), value);
+        if self.members.insert(name.to_string(), value).is_none() && !STANDARD.contains(&name) {
+            self.extensions.push(name.to_string());
+        }
         self
     }
 
@@ -141,19 +150,20 @@ impl Problem {
     }
 
     /// The JSON text: RFC 9457's members first, in the RFC's order (`type`,
-    /// `title`, `status`, `detail`), then the extensions by name. Every
+    /// `title`, `status`, `detail`), then the extensions in the order they
+    /// were set (`state` before `reason`, `field`, `grpc_code` before
+    /// `details`). Every
     /// front end (this server's HTTP port, `idemd proxy`, each SDK's
     /// middleware) writes this order, so their bodies compare byte for
     /// byte; serde_json's map alone would sort `detail` first.
     pub fn to_json(&self) -> Vec<u8> {
-        const STANDARD: [&str; 4] = ["type", "title", "status", "detail"];
         let standard = STANDARD
             .iter()
             .filter_map(|name| self.members.get_key_value(*name));
         let extensions = self
-            .members
+            .extensions
             .iter()
-            .filter(|(name, _)| !STANDARD.contains(&name.as_str()));
+            .filter_map(|name| self.members.get_key_value(name.as_str()));
         let mut out = b"{".to_vec();
         for (index, (name, value)) in standard.chain(extensions).enumerate() {
             if index > 0 {
@@ -195,14 +205,15 @@ mod tests {
     use crate::api::status;
 
     #[test]
-    fn members_are_written_in_the_rfcs_order_then_by_name() {
+    fn members_are_written_in_the_rfcs_order_then_as_set() {
         let mut problem = Problem::new(StatusCode::CONFLICT, "outcome_pending", "not known");
         problem.set("state", json!("STATE_UNKNOWN"));
-        problem.set("attempt", json!(2));
+        problem.set("reason", json!("boom"));
+        problem.set("state", json!("STATE_FAILED"));
         let text = String::from_utf8(problem.to_json()).expect("utf-8");
         assert_eq!(
             text,
-            r#"{"type":"https://idemd.dev/problems/outcome_pending","title":"Conflict","status":409,"detail":"not known","attempt":2,"state":"STATE_UNKNOWN"}"#
+            r#"{"type":"https://idemd.dev/problems/outcome_pending","title":"Conflict","status":409,"detail":"not known","state":"STATE_FAILED","reason":"boom"}"#
         );
         let parsed: Value = serde_json::from_str(&text).expect("valid JSON");
         assert_eq!(parsed, problem.body());
