@@ -525,7 +525,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	key, err := ParseIdempotencyKey(values[0])
 	if err != nil {
 		writeProblem(w, 400, "idempotency_key_malformed", "Idempotency-Key "+err.Error(),
-			[]member{{"field", "Idempotency-Key"}}, 0)
+			[]problemMember{{"field", "Idempotency-Key"}}, 0)
 		return
 	}
 	if parser := formParsedBy(r); parser != "" {
@@ -649,16 +649,16 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		// The reason is for operators (Lookup, the audit log): a handler's
 		// panic text may name internals or secrets, and this answer goes to
 		// whoever retries (http-scenarios.md, "What an HTTP caller learns").
-		extra := []member{{"state", pending.State.String()}}
+		extra := []problemMember{{"state", pending.State.String()}}
 		if settings.exposeReason {
-			extra = append(extra, member{"reason", pending.Reason})
+			extra = append(extra, problemMember{"reason", pending.Reason})
 		}
 		writeProblem(w, 409, "outcome_pending",
 			"the outcome of the first request with this Idempotency-Key is not known; it is waiting for an operator's decision",
 			extra, 0)
 	default:
 		code := status.Code(err)
-		writeProblem(w, httpOfCode(code), strings.ToLower(code.String()), err.Error(), []member{{"grpc_code", code.String()}}, 0)
+		writeProblem(w, httpOfCode(code), strings.ToLower(code.String()), err.Error(), []problemMember{{"grpc_code", code.String()}}, 0)
 	}
 }
 
@@ -699,9 +699,9 @@ func writeAnswer(w http.ResponseWriter, a *answer) {
 	_, _ = w.Write(a.body)
 }
 
-// member is one member of a problem body beyond type, title, status and
+// problemMember is one member of a problem body beyond type, title, status and
 // detail.
-type member struct {
+type problemMember struct {
 	name  string
 	value any
 }
@@ -709,8 +709,8 @@ type member struct {
 // writeProblem answers an RFC 9457 problem whose members come in the order
 // the other SDKs write them: type, title, status, detail, then the extras as
 // given (a map would sort them).
-func writeProblem(w http.ResponseWriter, status int, name, detail string, extra []member, retryAfter time.Duration) {
-	members := append([]member{{"type", "https://idemd.dev/problems/" + name}, {"title", http.StatusText(status)},
+func writeProblem(w http.ResponseWriter, status int, name, detail string, extra []problemMember, retryAfter time.Duration) {
+	members := append([]problemMember{{"type", "https://idemd.dev/problems/" + name}, {"title", http.StatusText(status)},
 		{"status", status}, {"detail", detail}}, extra...)
 	var buf bytes.Buffer
 	buf.WriteByte('{')
