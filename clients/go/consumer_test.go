@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	idemd "github.com/idemd/idemd/clients/go"
 	"github.com/idemd/idemd/clients/go/internal/testserver"
 )
 
@@ -58,11 +59,13 @@ func main() {
 // The placeholder of the README's local-checkout recipe.
 const checkoutPlaceholder = "/path/to/idemd"
 
-// TestConsumerModule is a throwaway user project (issue 12, part A): a new
-// module outside the repository requires the SDK the way README.md tells a
-// user to from a local checkout (its sh block with "-replace=", run as
-// written), resolves the dependencies through the module proxy, builds and
-// runs consumerProgram against a live idemd. The "checkout" is a copy of
+// TestConsumerModule is a throwaway user project (issues 12 and 37): in an
+// empty directory outside the repository, README.md's Install block (its sh
+// block with "-replace=") runs as written, with the checkout's path for the
+// placeholder: it makes the module, requires the SDK from the checkout,
+// writes a program importing it, tidies (resolving the dependencies through
+// the module proxy) and runs it. Then consumerProgram replaces that program
+// and runs against a live idemd. The "checkout" is a copy of
 // exactly the files git would ship for clients/go (tracked, plus untracked
 // and not ignored), so a file that is ignored but exists here, like stubs
 // generated locally, cannot hide a packaging defect.
@@ -93,9 +96,6 @@ func TestConsumerModule(t *testing.T) {
 	if err := os.Mkdir(consumer, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(consumer, "main.go"), []byte(consumerProgram), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	// A user's shell: no workspace, no GOFLAGS of ours; the proxy settings
 	// and the toolchain (PATH, GOTOOLCHAIN) are inherited.
 	env := append(os.Environ(), "GOWORK=off", "GOFLAGS=")
@@ -111,8 +111,13 @@ func TestConsumerModule(t *testing.T) {
 		}
 		return out.String()
 	}
-	run("go", "mod", "init", "example.com/consumer")
-	run("bash", "-euo", "pipefail", "-c", recipe)
+	printed := strings.Split(strings.TrimSpace(run("bash", "-euo", "pipefail", "-c", recipe)), "\n")
+	if got, want := printed[len(printed)-1], idemd.DownstreamKey("order-1", "charge"); got != want {
+		t.Fatalf("the Install block's program printed %q last, want %q", got, want)
+	}
+	if err := os.WriteFile(filepath.Join(consumer, "main.go"), []byte(consumerProgram), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	exe := filepath.Join(tmp, "consumer-program")
 	run("go", "build", "-o", exe, ".")
 

@@ -234,8 +234,7 @@ func (c *Client) runClaimed(ctx context.Context, claim *idemdv1.ClaimRequest, cl
 	token := claimed.GetLeaseToken()
 
 	if panicked {
-		_ = c.fail(recordCtx, claim, token, idemdv1.Disposition_DISPOSITION_UNKNOWN,
-			fmt.Sprintf("handler panicked: %v", panicValue), o)
+		_ = c.fail(recordCtx, claim, token, idemdv1.Disposition_DISPOSITION_UNKNOWN, panicReason(panicValue), o)
 		panic(panicValue)
 	}
 	if handlerErr != nil {
@@ -274,6 +273,12 @@ func (c *Client) runClaimed(ctx context.Context, claim *idemdv1.ClaimRequest, cl
 	}
 	return &Result{Response: resp, Attempt: claimed.GetAttempt()}, nil
 }
+
+// panicReason is the stored Fail reason of a handler's panic: "panic:
+// <value>", the "<Kind>: <message>" every SDK stores for a handler that
+// raises (clients/conformance/http-scenarios.md), Go's kind being the panic
+// itself; fail caps it at the server's 1,024 bytes on a rune boundary.
+func panicReason(value any) string { return fmt.Sprintf("panic: %v", value) }
 
 // callHandler runs the handler, catching a panic so that the outcome can be
 // recorded as unknown before the panic continues.

@@ -223,8 +223,30 @@ func TestPanickingHandlerLeavesTheOutcomeUnknown(t *testing.T) {
 		})
 	var pending *idemd.OutcomePendingError
 	if !errors.As(err, &pending) || pending.HTTPStatus != 409 || pending.ErrorCode != "outcome_pending" ||
-		pending.State != idemdv1.State_STATE_UNKNOWN || !strings.Contains(pending.Reason, "boom") {
-		t.Errorf("err = %v, want outcome_pending UNKNOWN with the panic as reason", err)
+		pending.State != idemdv1.State_STATE_UNKNOWN || pending.Reason != "panic: boom" {
+		t.Errorf("err = %v, want outcome_pending UNKNOWN with reason %q", err, "panic: boom")
+	}
+}
+
+// A panic's reason is capped at the server's 1,024 bytes on a rune
+// boundary: cut inside a rune it would not be UTF-8, and the Fail carrying
+// it would be refused, leaving the key claimed until its lease ran out.
+func TestPanicReasonIsCappedOnARuneBoundary(t *testing.T) {
+	t.Parallel()
+	c := newClient(t)
+	key := newKey(t)
+	func() {
+		defer func() { _ = recover() }()
+		_, _ = c.ExecuteOnce(context.Background(), paymentsEndpoint, key, payment,
+			func(context.Context, idemd.Execution) (*idemd.Response, error) { panic(strings.Repeat("é", 600)) })
+	}()
+	resp, err := c.Lookup(context.Background(), &idemdv1.LookupRequest{Endpoint: paymentsEndpoint, Key: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// "panic: " is 7 bytes, each é 2: 508 of them end at byte 1,023.
+	if want := "panic: " + strings.Repeat("é", 508); resp.GetRecord().GetReason() != want {
+		t.Errorf("reason of %d bytes, want %d: %.40q...", len(resp.GetRecord().GetReason()), len(want), resp.GetRecord().GetReason())
 	}
 }
 

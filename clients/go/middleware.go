@@ -7,11 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
+	"mime"
 	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -49,6 +52,12 @@ type Route struct {
 	// TTL and Lease override the endpoint policy's.
 	TTL   Duration `json:"ttl"`
 	Lease Duration `json:"lease"`
+	// ExposeFailureReason adds the key's stored Fail reason (a handler's
+	// panic value or ReportFailure text) to the 409 outcome_pending answer.
+	// For development only: the reason is written for operators and may
+	// carry internal names or secrets, and the 409 goes to whoever retries.
+	// A route's false inherits the defaults' setting.
+	ExposeFailureReason bool `json:"expose_failure_reason"`
 }
 
 // Duration is a time.Duration that reads "5s" / "250ms" (the routes file's
@@ -142,6 +151,7 @@ type routeSettings struct {
 	storeHeaders     map[string]bool
 	localFingerprint bool
 	ttl, lease       time.Duration
+	exposeReason     bool
 }
 
 var baseRoute = Route{
@@ -184,6 +194,7 @@ func merge(route, base Route) Route {
 	if route.Lease != 0 {
 		out.Lease = route.Lease
 	}
+	out.ExposeFailureReason = out.ExposeFailureReason || route.ExposeFailureReason
 	return out
 }
 
@@ -206,6 +217,7 @@ func settle(route Route, where string) (*routeSettings, error) {
 		maxWait: time.Duration(route.MaxWait), on5xxStore: route.On5xx == "store",
 		ignoreFields: route.IgnoreFields, storeHeaders: map[string]bool{},
 		localFingerprint: route.Fingerprint == "local", ttl: time.Duration(route.TTL), lease: time.Duration(route.Lease),
+		exposeReason: route.ExposeFailureReason,
 	}
 	for _, m := range route.Methods {
 		s.methods[strings.ToUpper(m)] = true
@@ -238,11 +250,24 @@ type compiledRoute struct {
 // key UNKNOWN (released when the panic value is a NoSideEffect error) and
 // the panic continues; a 5xx releases the key unless On5xx is "store". The
 // handler finds its Execution (for DownstreamKey) with ExecutionFrom.
-func Middleware(c *Client, config RoutesConfig) (func(http.Handler) http.Handler, error) {
+//
+// It must see the request body first: a body that something mounted before
+// it has read or parsed (io.ReadAll(r.Body), r.ParseForm, r.FormValue) gets
+// a 500 problem middleware_order at once, the key unclaimed and the handler
+// not run, and the mistake is logged once (error level, WithMiddlewareLogger).
+func Middleware(c *Client, config RoutesConfig, opts ...MiddlewareOption) (func(http.Handler) http.Handler, error) {
+	var o middlewareOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	base := merge(config.Defaults, baseRoute)
 	defaults, err := settle(base, "defaults")
 	if err != nil {
 		return nil, err
+	}
+	var exposing []string
+	if defaults.exposeReason {
+		exposing = append(exposing, "defaults")
 	}
 	routes := make([]compiledRoute, 0, len(config.Routes))
 	for i, route := range config.Routes {
@@ -256,8 +281,18 @@ func Middleware(c *Client, config RoutesConfig) (func(http.Handler) http.Handler
 			return nil, err
 		}
 		routes = append(routes, compiledRoute{template: route.Path, segments: segments, rest: rest, settings: settings})
+		if settings.exposeReason && !defaults.exposeReason {
+			exposing = append(exposing, route.Path)
+		}
 	}
-	m := &middleware{client: c, routes: routes, defaults: defaults}
+	m := &middleware{client: c, routes: routes, defaults: defaults, logger: o.logger}
+	if len(exposing) > 0 {
+		// As idemd proxy does at start-up: the setting is for development,
+		// and a production deployment that inherits it should be noticed.
+		m.log().Warn("idemd middleware: expose_failure_reason is on: 409 outcome_pending answers on these routes "+
+			"carry the stored failure reason (handler error text) to every caller; for development only",
+			"routes", exposing)
+	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next) })
 	}, nil
@@ -289,10 +324,34 @@ func pattern(path, where string) ([]*string, bool, error) {
 	return segments, rest, nil
 }
 
+// MiddlewareOption configures Middleware.
+type MiddlewareOption func(*middlewareOptions)
+
+type middlewareOptions struct{ logger *slog.Logger }
+
+// WithMiddlewareLogger is where the middleware reports a misconfiguration
+// (mounted after something that read the body; expose_failure_reason on).
+// Default: slog.Default() at the time of the report. The middleware logs
+// nothing else, and never a key or a body.
+func WithMiddlewareLogger(logger *slog.Logger) MiddlewareOption {
+	return func(o *middlewareOptions) { o.logger = logger }
+}
+
 type middleware struct {
 	client   *Client
 	routes   []compiledRoute
 	defaults *routeSettings
+	logger   *slog.Logger
+	// orderLogged: a wrong mount order is one mistake, whatever the number
+	// of requests it spoils, so it is logged once per middleware.
+	orderLogged sync.Once
+}
+
+func (m *middleware) log() *slog.Logger {
+	if m.logger != nil {
+		return m.logger
+	}
+	return slog.Default()
 }
 
 func (m *middleware) find(method, path string) (string, *routeSettings) {
@@ -415,7 +474,36 @@ func (e *unstorable) Error() string { return e.reason }
 // panicked carries a handler's panic out of ExecuteOnce, to continue it.
 type panicked struct{ value any }
 
-func (e *panicked) Error() string { return fmt.Sprintf("handler panicked: %v", e.value) }
+func (e *panicked) Error() string { return panicReason(e.value) }
+
+// formParsedBy names the net/http parser that has read r's body into a form
+// ("" if none has): ParseForm reads a urlencoded body whatever its length,
+// ParseMultipartForm a multipart one, and both leave their result on r. A
+// form parsed from the query or a body of another type leaves the body alone.
+func formParsedBy(r *http.Request) string {
+	if r.MultipartForm != nil {
+		return "r.ParseMultipartForm (or r.FormValue, r.FormFile)"
+	}
+	if r.PostForm != nil {
+		if mediaType, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mediaType == "application/x-www-form-urlencoded" {
+			return "r.ParseForm (or r.FormValue, r.PostFormValue)"
+		}
+	}
+	return ""
+}
+
+// refuseOrder answers a request whose body was consumed before the
+// middleware saw it, before any Claim: the handler would get an empty body
+// and the fingerprint would be of nothing, so serving it is worse than
+// failing loudly.
+func (m *middleware) refuseOrder(w http.ResponseWriter, endpoint, reader string) {
+	detail := "the request body was read before the idempotency middleware saw it (by " + reader +
+		"); mount the middleware before any body parser"
+	m.orderLogged.Do(func() {
+		m.log().Error("idemd middleware: "+detail+"; answering 500 middleware_order until fixed", "endpoint", endpoint)
+	})
+	writeProblem(w, 500, "middleware_order", detail, nil, 0)
+}
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	method := strings.ToUpper(r.Method)
@@ -437,10 +525,28 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	key, err := ParseIdempotencyKey(values[0])
 	if err != nil {
 		writeProblem(w, 400, "idempotency_key_malformed", "Idempotency-Key "+err.Error(),
-			map[string]any{"field": "Idempotency-Key"}, 0)
+			[]problemMember{{"field", "Idempotency-Key"}}, 0)
 		return
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, settings.maxRequestBytes+1))
+	if parser := formParsedBy(r); parser != "" {
+		m.refuseOrder(w, endpoint, parser)
+		return
+	}
+	var body []byte
+	if r.Body != nil {
+		body, err = io.ReadAll(io.LimitReader(r.Body, settings.maxRequestBytes+1))
+	}
+	// A body read to its end before us reads as empty (or short), not as an
+	// error: Content-Length is what tells the two apart. Within the limit,
+	// fewer bytes than declared means someone else has them (a client that
+	// sends fewer gets io.ErrUnexpectedEOF from net/http instead). A chunked
+	// body (ContentLength -1) declares nothing, so an empty one is taken as
+	// empty: only ParseForm leaves a trace there (formParsedBy).
+	if errors.Is(err, http.ErrBodyReadAfterClose) ||
+		(err == nil && int64(len(body)) <= settings.maxRequestBytes && int64(len(body)) < r.ContentLength) {
+		m.refuseOrder(w, endpoint, "a handler or middleware reading r.Body")
+		return
+	}
 	if err != nil {
 		writeProblem(w, 400, "request_body_unreadable", "reading the request body failed: "+err.Error(), nil, 0)
 		return
@@ -540,12 +646,19 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		writeProblem(w, 422, "idempotency_key_reuse",
 			"this Idempotency-Key was used for a different request (method, path or body); use a new key for a new operation", nil, 0)
 	case errors.As(err, &pending):
+		// The reason is for operators (Lookup, the audit log): a handler's
+		// panic text may name internals or secrets, and this answer goes to
+		// whoever retries (http-scenarios.md, "What an HTTP caller learns").
+		extra := []problemMember{{"state", pending.State.String()}}
+		if settings.exposeReason {
+			extra = append(extra, problemMember{"reason", pending.Reason})
+		}
 		writeProblem(w, 409, "outcome_pending",
 			"the outcome of the first request with this Idempotency-Key is not known; it is waiting for an operator's decision",
-			map[string]any{"state": pending.State.String(), "reason": pending.Reason}, 0)
+			extra, 0)
 	default:
 		code := status.Code(err)
-		writeProblem(w, httpOfCode(code), strings.ToLower(code.String()), err.Error(), map[string]any{"grpc_code": code.String()}, 0)
+		writeProblem(w, httpOfCode(code), strings.ToLower(code.String()), err.Error(), []problemMember{{"grpc_code", code.String()}}, 0)
 	}
 }
 
@@ -586,13 +699,33 @@ func writeAnswer(w http.ResponseWriter, a *answer) {
 	_, _ = w.Write(a.body)
 }
 
-func writeProblem(w http.ResponseWriter, status int, name, detail string, extra map[string]any, retryAfter time.Duration) {
-	members := map[string]any{"type": "https://idemd.dev/problems/" + name, "title": http.StatusText(status),
-		"status": status, "detail": detail}
-	for k, v := range extra {
-		members[k] = v
+// problemMember is one member of a problem body beyond type, title, status and
+// detail.
+type problemMember struct {
+	name  string
+	value any
+}
+
+// writeProblem answers an RFC 9457 problem whose members come in the order
+// the other SDKs write them: type, title, status, detail, then the extras as
+// given (a map would sort them).
+func writeProblem(w http.ResponseWriter, status int, name, detail string, extra []problemMember, retryAfter time.Duration) {
+	members := append([]problemMember{{"type", "https://idemd.dev/problems/" + name}, {"title", http.StatusText(status)},
+		{"status", status}, {"detail", detail}}, extra...)
+	var buf bytes.Buffer
+	buf.WriteByte('{')
+	for i, m := range members {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		name, _ := json.Marshal(m.name)
+		value, _ := json.Marshal(m.value)
+		buf.Write(name)
+		buf.WriteByte(':')
+		buf.Write(value)
 	}
-	body, _ := json.Marshal(members)
+	buf.WriteByte('}')
+	body := buf.Bytes()
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	if status == 409 && name == "request_in_progress" {

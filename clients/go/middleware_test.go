@@ -78,8 +78,12 @@ func (s *appState) of(path string) int {
 
 const slowApp = 600 * time.Millisecond
 
-// app is the scenarios' app (http-scenarios.md): it panics for /crash/
-// (an ordinary value) and /norun/ (a NoSideEffect error).
+// crashMessage is the message of the error the app panics with on /crash/
+// and /crash-exposed/ (http-scenarios.md): the text a 409 must not show.
+const crashMessage = "boom: secret-4711"
+
+// app is the scenarios' app (http-scenarios.md): it panics for /crash/ and
+// /crash-exposed/ (an ordinary error) and /norun/ (a NoSideEffect error).
 func (s *appState) app(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	path := r.URL.Path
@@ -87,8 +91,8 @@ func (s *appState) app(w http.ResponseWriter, r *http.Request) {
 	if strings.Contains(path, "/slow/") {
 		time.Sleep(slowApp)
 	}
-	if strings.HasPrefix(path, "/crash/") {
-		panic("the charge timed out: outcome unknown")
+	if strings.HasPrefix(path, "/crash/") || strings.HasPrefix(path, "/crash-exposed/") {
+		panic(errors.New(crashMessage))
 	}
 	if strings.HasPrefix(path, "/norun/") {
 		panic(idemd.NoSideEffect(errors.New("card rejected before charging")))
@@ -201,6 +205,20 @@ func checkReply(at string, expect map[string]any, r *reply, err error, saved map
 	}
 	if name, ok := expect["body_same_as"].(string); ok && !bytes.Equal(r.body, saved[name]) {
 		return fmt.Errorf("%s: body differs from %s's", at, name)
+	}
+	if parts, ok := expect["body_includes"].([]any); ok {
+		for _, part := range parts {
+			if !bytes.Contains(r.body, []byte(part.(string))) {
+				return fmt.Errorf("%s: body lacks %s: %s", at, part, r.body)
+			}
+		}
+	}
+	if parts, ok := expect["body_excludes"].([]any); ok {
+		for _, part := range parts {
+			if bytes.Contains(r.body, []byte(part.(string))) {
+				return fmt.Errorf("%s: body contains %s: %s", at, part, r.body)
+			}
+		}
 	}
 	return nil
 }
