@@ -22,6 +22,9 @@ ROUTES = [
     for route in HTTP_SCENARIOS["routes"]["routes"]
 ]
 SLOW = 0.6
+#: The app's handler raises an ordinary error with this message on these paths.
+CRASH_PATHS = ("/crash/", "/crash-exposed/")
+CRASH_MESSAGE = "boom: secret-4711"
 
 
 @dataclass
@@ -104,6 +107,10 @@ def check(at: str, expect: dict, reply: Optional[Reply], saved: Dict[str, bytes]
         assert reply.body == expect["body"].encode(), f"{at}: body {reply.body!r}"
     if "body_length" in expect:
         assert len(reply.body) == expect["body_length"], f"{at}: body length {len(reply.body)}"
+    for text in expect.get("body_includes", []):
+        assert text.encode() in reply.body, f"{at}: body lacks {text!r}: {reply.body!r}"
+    for text in expect.get("body_excludes", []):
+        assert text.encode() not in reply.body, f"{at}: body has {text!r}: {reply.body!r}"
     if "body_same_as" in expect:
         assert reply.body == saved[expect["body_same_as"]], f"{at}: body differs from {expect['body_same_as']}'s"
 

@@ -12,18 +12,17 @@ import socket
 import subprocess
 import sys
 import time
-import venv
 from pathlib import Path
 
 import pytest
 
 from conftest import CREDENTIALS, SDK_ROOT, Server, clean_checkout
 
-# What the Install section must say, line for line; the test runs these lines.
-# The build runs with the test venv's python (which has `build`); the install
-# with the fresh consumer venv's pip.
-BUILD = "python -m build --wheel clients/python"
-INSTALL = "pip install clients/python/dist/idemd-*.whl"
+# What the Install section must say, line for line; the test runs the block as
+# one shell script from the root of a fresh copy of the checkout, with nothing
+# but a Python 3.10+ on PATH (the one test.sh chose).
+VENV = "python3 -m venv .venv && . .venv/bin/activate"
+INSTALL = "pip install ./clients/python"
 
 PROGRAM = '''
 import os, uuid
@@ -63,21 +62,22 @@ def run(command: str, cwd: Path, bin_dir: Path) -> None:
 
 
 def test_readme_install_section_is_what_this_test_runs() -> None:
-    assert install_commands() == [BUILD, INSTALL]
+    assert install_commands() == [VENV, INSTALL]
 
 
 @pytest.mark.consumer
 def test_fresh_project_installs_the_wheel_and_runs(server: Server, tmp_path: Path) -> None:
     checkout = tmp_path / "checkout"
     clean_checkout(checkout)
-    # Build isolation on (the build's default), as for a user: the build
-    # requirements come from pyproject.toml, not from this venv.
-    run(BUILD, checkout, Path(sys.executable).parent)
+    # The block as written, as one script (its venv stays active for the
+    # install). pip builds the wheel with build isolation, as for a user: the
+    # build requirements come from pyproject.toml, not from this venv.
+    run("set -e\n" + "\n".join(install_commands()), checkout, Path(sys.executable).parent)
 
+    # A fresh project elsewhere, on the environment the block made.
     consumer = tmp_path / "consumer"
-    venv.EnvBuilder(with_pip=True).create(consumer / ".venv")
-    consumer_bin = consumer / ".venv" / "bin"
-    run(INSTALL, checkout, consumer_bin)
+    consumer.mkdir()
+    consumer_bin = checkout / ".venv" / "bin"
 
     (consumer / "app.py").write_text(PROGRAM, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -87,8 +87,8 @@ def test_fresh_project_installs_the_wheel_and_runs(server: Server, tmp_path: Pat
         cwd=consumer, env=env, capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    # The SDK came from the installed wheel, not from this repository.
-    assert done.stdout.strip().startswith(str(consumer / ".venv")), done.stdout
+    # The SDK came from the installed wheel, not from this repository's src/.
+    assert done.stdout.strip().startswith(str(checkout / ".venv")), done.stdout
 
     # The README's FastAPI block, as written, in the same fresh project: the
     # framework installed next to the SDK as the README says (at the versions

@@ -11,14 +11,17 @@ import contextlib
 import hashlib
 import http.client
 import json
+import logging
 import secrets
 import threading
 import time
 from typing import Any, Callable, Iterator, Tuple
 
+import grpc
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.requests import Request as StarletteRequest
 
 import idemd
 from idemd.aio import AsyncClient
@@ -26,7 +29,7 @@ from idemd.asgi import IdempotencyMiddleware as AsgiMiddleware
 from idemd import wsgi as idemd_wsgi
 
 from conftest import CREDENTIALS, Server
-from http_scenarios import ROUTES, SLOW, AppState, answer_of, run_scenarios
+from http_scenarios import CRASH_MESSAGE, CRASH_PATHS, ROUTES, SLOW, AppState, answer_of, run_scenarios
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
@@ -44,8 +47,8 @@ def fastapi_app(state: AppState, make_client: Callable[[], AsyncClient] = None):
         execution = state.count(path)
         if "/slow/" in path:
             await asyncio.sleep(SLOW)
-        if path.startswith("/crash/"):
-            raise RuntimeError("the charge timed out: outcome unknown")
+        if path.startswith(CRASH_PATHS):
+            raise RuntimeError(CRASH_MESSAGE)
         if path.startswith("/norun/"):
             raise idemd.NoSideEffect("card rejected before charging")
         status, headers, payload = answer_of(path, execution, body)
@@ -73,8 +76,8 @@ def flask_app(state: AppState, client: idemd.Client = None):  # type: ignore[ass
         execution = state.count(path)
         if "/slow/" in path:
             time.sleep(SLOW)
-        if path.startswith("/crash/"):
-            raise RuntimeError("the charge timed out: outcome unknown")
+        if path.startswith(CRASH_PATHS):
+            raise RuntimeError(CRASH_MESSAGE)
         if path.startswith("/norun/"):
             raise idemd.NoSideEffect("card rejected before charging")
         status, headers, payload = answer_of(path, execution, body)
@@ -112,8 +115,8 @@ def django_app(state: AppState, client: idemd.Client = None):  # type: ignore[as
         execution = state.count(path)
         if "/slow/" in path:
             time.sleep(SLOW)
-        if path.startswith("/crash/"):
-            raise RuntimeError("the charge timed out: outcome unknown")
+        if path.startswith(CRASH_PATHS):
+            raise RuntimeError(CRASH_MESSAGE)
         if path.startswith("/norun/"):
             raise idemd.NoSideEffect("card rejected before charging")
         status, headers, payload = answer_of(path, execution, body)
@@ -220,7 +223,8 @@ def test_a_handler_exception_leaves_the_key_unknown_with_its_reason(front_end: T
     assert status == 500
     record = alice.lookup(idemd.pb.LookupRequest(endpoint="POST /crash/r1", key=key)).record
     assert idemd.pb.State.Name(record.state) == "STATE_UNKNOWN"
-    assert "RuntimeError" in record.reason and "outcome unknown" in record.reason, record.reason
+    # <Kind>: <message>, as every SDK stores it: never an SDK-internal wrapper's name.
+    assert record.reason == "RuntimeError: boom: secret-4711"
 
 
 def test_a_long_handler_keeps_its_lease(server: Server) -> None:
@@ -253,3 +257,75 @@ def test_a_long_handler_keeps_its_lease(server: Server) -> None:
         status, headers, _ = post(port, "/long/l1", b"{}", {"Idempotency-Key": key})
         assert (status, headers["idempotent-replayed"]) == (200, "true")
         assert state.of("l1") == 1
+
+
+class ReadsBodyFirst:
+    """A pure ASGI middleware that reads the body with Starlette's Request and
+    hands on the drained ``receive``: mounted before ours, the mistake."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            await StarletteRequest(scope, receive).body()
+        await self.app(scope, receive, send)
+
+
+def reads_body_first(wsgi_app: Any) -> Any:
+    """A WSGI middleware that parses the body with Werkzeug's Request before
+    ours runs (the mistake)."""
+    from werkzeug.wrappers import Request as WerkzeugRequest
+
+    def app(environ: dict, start_response: Any) -> Any:
+        WerkzeugRequest(environ).get_data()
+        return wsgi_app(environ, start_response)
+
+    return app
+
+
+@pytest.fixture(params=["fastapi", "flask"])
+def misordered(request: pytest.FixtureRequest, server: Server) -> Iterator[Tuple[int, AppState]]:
+    """A framework's app whose body is read by something mounted before the middleware."""
+    state = AppState()
+    if request.param == "fastapi":
+        app = fastapi_app(state, alice_async(server))
+        app.add_middleware(ReadsBodyFirst)  # added last: outermost, so it runs before ours
+        with serve_asgi(app) as port:
+            yield port, state
+    else:
+        with server.client("alice") as client:
+            app = flask_app(state, client)
+            app.wsgi_app = reads_body_first(app.wsgi_app)
+            with serve_wsgi(app) as port:
+                yield port, state
+
+
+def test_a_body_read_before_the_middleware_is_a_500_at_once_and_claims_nothing(
+    misordered: Tuple[int, AppState], alice: idemd.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    port, state = misordered
+    caplog.set_level(logging.ERROR, logger="idemd")
+    for attempt in range(2):
+        key = secrets.token_hex(8)
+        started = time.monotonic()
+        status, headers, body = post(port, "/misordered/m1", b'{"amount": 4200}',
+                                     {"Idempotency-Key": key, "Content-Type": "application/json"})
+        elapsed = time.monotonic() - started
+        assert status == 500, body
+        assert headers["content-type"] == "application/problem+json"
+        problem = json.loads(body)
+        assert (problem["type"], problem["title"], problem["status"]) == (
+            "https://idemd.dev/problems/middleware_order", "Internal Server Error", 500)
+        assert "read before the idempotency middleware saw it" in problem["detail"], problem
+        assert elapsed < 1.0, f"answered after {elapsed:.2f} s"
+        assert state.of("/misordered/m1") == 0, "the handler ran"
+        with pytest.raises(idemd.RpcError) as missing:
+            alice.lookup(idemd.pb.LookupRequest(endpoint="POST /misordered/m1", key=key))
+        assert missing.value.code == grpc.StatusCode.NOT_FOUND, "the key was claimed"
+    logged = [r for r in caplog.records if r.name == "idemd" and "body parser" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].levelno == logging.ERROR, [r.getMessage() for r in caplog.records]
+    # A request without a body has nothing a parser could have taken: not mistaken for one.
+    status, _, body = post(port, "/misordered/m2", b"", {"Idempotency-Key": secrets.token_hex(8)})
+    assert status == 201, body
+    assert state.of("/misordered/m2") == 1

@@ -160,19 +160,36 @@ def execution(endpoint: str, key: str, claimed: "pb.Claimed") -> Execution:
     return Execution(endpoint=endpoint, key=key, attempt=claimed.attempt, lease_expires_at=expires)
 
 
+class Recorded(Exception):
+    """An SDK-internal exception that carries the Fail reason to store: its
+    own class name means nothing to an operator reading the record."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def failure_reason(error: BaseException) -> str:
+    """The stored reason of a handler's exception, ``<Kind>: <message>`` with
+    the unqualified class name, as every SDK writes it (http-scenarios.md),
+    capped at the server's limit on a character boundary."""
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return truncate_utf8(text, MAX_REASON_BYTES)
+
+
 def fail_request(endpoint: str, key: str, token: str, error: BaseException) -> "pb.FailRequest":
     """Fail RELEASE for NoSideEffect, Fail UNKNOWN (with the error text) otherwise."""
     if isinstance(error, NoSideEffect):
         return pb.FailRequest(
             endpoint=endpoint, key=key, lease_token=token, disposition=pb.DISPOSITION_RELEASE
         )
-    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    reason = truncate_utf8(error.reason, MAX_REASON_BYTES) if isinstance(error, Recorded) else failure_reason(error)
     return pb.FailRequest(
         endpoint=endpoint,
         key=key,
         lease_token=token,
         disposition=pb.DISPOSITION_UNKNOWN,
-        reason=truncate_utf8(text, MAX_REASON_BYTES),
+        reason=reason,
     )
 
 

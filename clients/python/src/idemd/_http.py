@@ -8,11 +8,14 @@ sidecar answer the same requests the same way.
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
 import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from ._executor import Recorded
 from .errors import (
     KeyReuseError,
     NoSideEffect,
@@ -40,6 +43,15 @@ DEFAULT_STORE_HEADERS = (
     "last-modified",
     "link",
 )
+#: How long the first bytes of a body the request declares (Content-Length
+#: over 0, or chunked) may take to reach the middleware before it concludes
+#: that something mounted before it already read them: a drained stream
+#: never ends, it blocks until the client gives up. Generous for a client's
+#: round trip (``Expect: 100-continue``), short enough to answer at once.
+BODY_START_TIMEOUT = 0.3
+MIDDLEWARE_ORDER = ("the request body was read before the idempotency middleware saw it; "
+                    "mount the middleware before any body parser")
+log = logging.getLogger("idemd")
 _KEY = re.compile(r"[A-Za-z0-9_-]{1,255}")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m)?\s*$")
 
@@ -88,6 +100,10 @@ class Route:
     #: Record TTL and lease (seconds or "30s"); None: the endpoint's policy.
     ttl: Union[None, float, str] = None
     lease: Union[None, float, str] = None
+    #: Development only: a 409 ``outcome_pending`` carries the stored Fail
+    #: reason (the handler's exception text) as ``reason``. Off by default,
+    #: because that text can hold internal names, SQL or secrets.
+    expose_failure_reason: Optional[bool] = None
 
     @classmethod
     def of(cls, value: Union["Route", Mapping[str, Any]], ignore: Iterable[str] = ()) -> "Route":
@@ -118,6 +134,7 @@ class Settings:
     fingerprint: str
     ttl: Optional[float]
     lease: Optional[float]
+    expose_failure_reason: bool
 
 
 BASE = Route(
@@ -130,6 +147,7 @@ BASE = Route(
     ignore_fields=(),
     store_headers=DEFAULT_STORE_HEADERS,
     fingerprint="server",
+    expose_failure_reason=False,
 )
 
 
@@ -146,6 +164,8 @@ def _settings(route: Route, base: Route, where: str) -> Settings:
         value = getattr(merged, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{where}.{name}: {value!r} must be a whole number of bytes")
+    if not isinstance(merged.expose_failure_reason, bool):
+        raise ValueError(f"{where}.expose_failure_reason: {merged.expose_failure_reason!r} must be true or false")
     if isinstance(merged.methods, str):
         raise ValueError(f"{where}.methods: give a list of methods, not {merged.methods!r}")
     if isinstance(merged.store_headers, str):
@@ -162,6 +182,7 @@ def _settings(route: Route, base: Route, where: str) -> Settings:
         fingerprint=merged.fingerprint,
         ttl=_seconds(merged.ttl, f"{where}.ttl"),
         lease=_seconds(merged.lease, f"{where}.lease"),
+        expose_failure_reason=merged.expose_failure_reason,
     )
 
 
@@ -187,6 +208,12 @@ class Routes:
             route = Route.of(value, ignore)
             segments, rest = _pattern(route.path, f"routes[{index}].path")
             self._routes.append((segments, rest, route.path, _settings(route, merged_base, f"routes[{index}]")))
+        exposing = [template for _, _, template, settings in self._routes if settings.expose_failure_reason]
+        if base_settings.expose_failure_reason:
+            exposing.insert(0, "defaults")
+        if exposing:
+            log.warning("expose_failure_reason is set (%s): a 409 outcome_pending shows callers the handler's "
+                        "error text; for development only", ", ".join(exposing))
 
     def find(self, method: str, path: str) -> Tuple[str, Settings]:
         """The endpoint (``METHOD template``) and settings of a request."""
@@ -302,6 +329,22 @@ def too_large(limit: int) -> Answer:
     return problem(413, "request_too_large", f"request body exceeds {limit} bytes")
 
 
+class OrderCheck:
+    """The answer to a request whose body something mounted before the
+    middleware already read: a 500 naming the mistake, before any Claim (the
+    key stays unclaimed, the app does not run), logged once per middleware
+    (a misordered app fails every such request; one line says why)."""
+
+    def __init__(self, hint: str) -> None:
+        self.detail = f"{MIDDLEWARE_ORDER} ({hint})"
+        self._seen = itertools.count()  # next() is atomic: once even across threads
+
+    def answer(self) -> Answer:
+        if next(self._seen) == 0:
+            log.error("idemd middleware: %s", self.detail)
+        return problem(500, "middleware_order", self.detail)
+
+
 #: gRPC code name -> HTTP status (google.rpc.Code's mapping, as the proxy's).
 _HTTP_OF_CODE = {
     "INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 400, "OUT_OF_RANGE": 400, "NOT_FOUND": 404,
@@ -310,7 +353,7 @@ _HTTP_OF_CODE = {
 }
 
 
-def refused(error: BaseException) -> Answer:
+def refused(error: BaseException, settings: Settings) -> Answer:
     """The answer to an executor error raised before the handler ran."""
     if isinstance(error, StillInProgressError):
         return problem(409, "request_in_progress",
@@ -321,10 +364,13 @@ def refused(error: BaseException) -> Answer:
                        "this Idempotency-Key was used for a different request (method, path or body); "
                        "use a new key for a new operation")
     if isinstance(error, OutcomePendingError):
+        # The stored reason is the handler's own text, for operators (Lookup,
+        # the audit log); the caller is a stranger (http-scenarios.md).
+        exposed = {"reason": error.reason} if settings.expose_failure_reason else {}
         return problem(409, "outcome_pending",
                        "the outcome of the first request with this Idempotency-Key is not known; "
                        "it is waiting for an operator's decision",
-                       state="STATE_" + error.state, reason=error.reason)
+                       state="STATE_" + error.state, **exposed)
     if isinstance(error, RpcError):
         code = error.code.name
         return problem(_HTTP_OF_CODE.get(code, 500), code.lower(), error.message or str(error), grpc_code=code)
@@ -340,10 +386,11 @@ class Released(NoSideEffect):
         self.answer = answer
 
 
-class Unstorable(Exception):
-    """An answer the middleware will not store (over ``max_response_bytes``):
-    the executor marks the key UNKNOWN with this reason, the middleware
-    returns ``answer`` in full."""
+class Unstorable(Recorded):
+    """An answer the middleware will not store (over ``max_response_bytes``,
+    or a framework's error page for a view's exception): the executor marks
+    the key UNKNOWN with ``reason`` as it is, the middleware returns
+    ``answer`` in full."""
 
     def __init__(self, answer: Answer, reason: str) -> None:
         super().__init__(reason)

@@ -15,7 +15,9 @@ app gets the same body; its answer is buffered, stored (status, the route's
 ``Retry-After`` (or waits ``max_wait``), another body under the key 422, an
 undecided outcome 409 ``outcome_pending``. An exception from the app leaves the
 key UNKNOWN (or released, for :class:`idemd.NoSideEffect`) and propagates to
-the framework; a 5xx answer releases the key unless ``on_5xx="store"``.
+the framework; a 5xx answer releases the key unless ``on_5xx="store"``. A
+body that something mounted before the middleware already read gets a 500
+problem ``middleware_order`` at once, and nothing is claimed.
 
 The app can read its :class:`idemd.Execution` (for downstream keys) from
 ``scope["idemd.execution"]`` (Starlette: ``request.scope["idemd.execution"]``).
@@ -23,6 +25,7 @@ The app can read its :class:`idemd.Execution` (for downstream keys) from
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Awaitable, Callable, Dict, Iterable, List, Mapping, MutableMapping, Optional, Union
 
 from . import _http
@@ -57,12 +60,17 @@ class IdempotencyMiddleware:
         *,
         routes: Iterable[Union[Route, Mapping[str, Any]]] = (),
         defaults: Union[None, Route, Mapping[str, Any]] = None,
+        body_start_timeout: float = _http.BODY_START_TIMEOUT,
     ) -> None:
         self.app = app
         # A factory is called on the first request, inside the server's event
         # loop: a grpc.aio channel belongs to the loop it was made in.
         self._client = client
         self.routes = routes if isinstance(routes, Routes) else Routes(routes, defaults)
+        self.body_start_timeout = body_start_timeout
+        self._order = _http.OrderCheck(
+            "with Starlette or FastAPI, call app.add_middleware(IdempotencyMiddleware, ...) after adding any "
+            "middleware that awaits request.body(), .json() or .form() or reads receive, so it runs first")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -81,9 +89,11 @@ class IdempotencyMiddleware:
             key = _http.parse_key(value)
         except ValueError as e:
             return await _send(send, _http.malformed_key(str(e)))
-        body = await _read_body(receive, settings.max_request_bytes)
+        body = await _read_body(receive, settings.max_request_bytes, _declared_length(scope), self.body_start_timeout)
         if body is _GONE:
             return  # the client left before its body arrived: nothing was claimed, nobody to answer
+        if body is _READ_BEFORE:
+            return await _send(send, self._order.answer())
         if body is None:
             return await _send(send, _http.too_large(settings.max_request_bytes))
 
@@ -113,7 +123,7 @@ class IdempotencyMiddleware:
                 # answer failed: the caller still gets it; the executor has
                 # left the key to its lease or marked it UNKNOWN.
                 return await _send(send, fresh["answer"])
-            return await _send(send, _http.refused(e))
+            return await _send(send, _http.refused(e, settings))
         if result.replayed:
             return await _send(send, _http.replay(result.response))
         return await _send(send, fresh["answer"])
@@ -154,15 +164,45 @@ def _header(scope: Scope, name: bytes) -> Optional[str]:
 
 #: What _read_body returns when the client disconnects mid-body.
 _GONE = b"\x00idemd-gone"
+#: What _read_body returns when something before the middleware read the body.
+_READ_BEFORE = b"\x00idemd-read-before"
 
 
-async def _read_body(receive: Receive, limit: int) -> Optional[bytes]:
-    """The whole body, None when it is over ``limit`` bytes, or _GONE when the
-    client disconnected first (a partial body must never be claimed)."""
+def _declared_length(scope: Scope) -> Optional[int]:
+    """The body the request declares: its Content-Length; None for a body of
+    unknown length (``Transfer-Encoding``, or HTTP/2 and later, where a body
+    needs no header); 0 when an HTTP/1 request declares none (it has none)."""
+    length = _header(scope, b"content-length")
+    if length is not None:
+        try:
+            return max(0, int(length))
+        except ValueError:
+            return None
+    if _header(scope, b"transfer-encoding") is not None or not str(scope.get("http_version", "1.1")).startswith("1"):
+        return None
+    return 0
+
+
+async def _read_body(receive: Receive, limit: int, declared: Optional[int], start_timeout: float) -> Optional[bytes]:
+    """The whole body; None when it is over ``limit`` bytes; _GONE when the
+    client disconnected first (a partial body must never be claimed);
+    _READ_BEFORE when a declared body's first message does not come within
+    ``start_timeout`` (a drained ``receive`` blocks until the client leaves)
+    or the stream ends short of its Content-Length."""
+    if declared == 0:
+        # Nothing to receive; and asking would block for good when a reader
+        # before us took the empty message.
+        return b""
     chunks: List[bytes] = []
     size = 0
     while True:
-        message = await receive()
+        if not chunks:
+            try:
+                message = await asyncio.wait_for(receive(), start_timeout)
+            except asyncio.TimeoutError:
+                return _READ_BEFORE
+        else:
+            message = await receive()
         if message["type"] == "http.disconnect":
             return _GONE
         chunk = message.get("body", b"")
@@ -172,6 +212,8 @@ async def _read_body(receive: Receive, limit: int) -> Optional[bytes]:
         chunks.append(chunk)
         if not message.get("more_body", False):
             break
+    if declared and size < declared:
+        return _READ_BEFORE
     return b"".join(chunks)
 
 

@@ -13,6 +13,9 @@ WSGI middleware sees it; :func:`flask` and :func:`django` hook their
 so the key is left UNKNOWN (or released, for :class:`idemd.NoSideEffect`)
 rather than treated as a plain 5xx answer.
 
+Mount it outside anything that reads ``wsgi.input``: a body read before it
+gets a 500 problem ``middleware_order`` at once, and nothing is claimed.
+
 The app can read its :class:`idemd.Execution` (for downstream keys) from
 ``environ["idemd.execution"]``.
 """
@@ -20,10 +23,13 @@ The app can read its :class:`idemd.Execution` (for downstream keys) from
 from __future__ import annotations
 
 import io
+import os
+import select
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
 from urllib.parse import quote
 
 from . import _http
+from ._executor import failure_reason
 from ._http import Answer, Route, Routes
 from .client import Client
 from .errors import IdempotencyError, NoSideEffect, RpcError
@@ -48,10 +54,15 @@ class IdempotencyMiddleware:
         *,
         routes: Iterable[Union[Route, Mapping[str, Any]]] = (),
         defaults: Union[None, Route, Mapping[str, Any]] = None,
+        body_start_timeout: float = _http.BODY_START_TIMEOUT,
     ) -> None:
         self.app = app
         self.client = client
         self.routes = routes if isinstance(routes, Routes) else Routes(routes, defaults)
+        self.body_start_timeout = body_start_timeout
+        self._order = _http.OrderCheck(
+            "wrap the app in IdempotencyMiddleware outside any WSGI middleware that reads wsgi.input, "
+            "e.g. a Werkzeug/Flask Request's get_data(), .json or .form")
 
     def __call__(self, environ: Dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD", "GET").upper()
@@ -68,7 +79,9 @@ class IdempotencyMiddleware:
             key = _http.parse_key(value)
         except ValueError as e:
             return _respond(start_response, _http.malformed_key(str(e)))
-        body = _read_body(environ, settings.max_request_bytes)
+        body = _read_body(environ, settings.max_request_bytes, self.body_start_timeout)
+        if body is _READ_BEFORE:
+            return _respond(start_response, self._order.answer())
         if body is None:
             return _respond(start_response, _http.too_large(settings.max_request_bytes))
 
@@ -89,7 +102,7 @@ class IdempotencyMiddleware:
                 # The framework answered its error page for a view's exception.
                 if isinstance(raised, NoSideEffect):
                     raise _http.Released(answer) from raised
-                raise _http.Unstorable(answer, f"handler raised {type(raised).__name__}: {raised}") from raised
+                raise _http.Unstorable(answer, failure_reason(raised)) from raised
             fresh["answer"] = answer
             return _http.to_store(answer, settings)
 
@@ -103,14 +116,22 @@ class IdempotencyMiddleware:
         except (IdempotencyError, RpcError) as e:
             if "answer" in fresh:
                 return _respond(start_response, fresh["answer"])  # it ran; see asgi.py
-            return _respond(start_response, _http.refused(e))
+            return _respond(start_response, _http.refused(e, settings))
         if result.replayed:
             return _respond(start_response, _http.replay(result.response))
         return _respond(start_response, fresh["answer"])
 
 
-def _read_body(environ: Dict[str, Any], limit: int) -> Optional[bytes]:
-    """The whole body, or None when it is over ``limit`` bytes."""
+#: What _read_body returns when something before the middleware read the body.
+_READ_BEFORE = b"\x00idemd-read-before"
+
+
+def _read_body(environ: Dict[str, Any], limit: int, start_timeout: float) -> Optional[bytes]:
+    """The whole body; None when it is over ``limit`` bytes; _READ_BEFORE
+    when it is shorter than its Content-Length, or its first bytes do not
+    come within ``start_timeout`` from a socket (a server that hands the
+    connection itself as ``wsgi.input`` blocks a drained read until the client
+    leaves; one that wraps it ends the read at the body's end)."""
     stream = environ.get("wsgi.input")
     if stream is None:
         return b""
@@ -122,11 +143,50 @@ def _read_body(environ: Dict[str, Any], limit: int) -> Optional[bytes]:
             size = -1
         if size < 0 or size > limit:
             return None
-        return stream.read(size) if size else b""
+        if not size:
+            return b""
+        if not _readable(stream, start_timeout):
+            return _READ_BEFORE
+        data = stream.read(size)
+        return data if len(data) == size else _READ_BEFORE
     if not environ.get("wsgi.input_terminated"):
         return b""  # no length and no terminated stream: PEP 3333 says there is no body
     data = stream.read(limit + 1)
     return None if len(data) > limit else data
+
+
+def _readable(stream: Any, timeout: float) -> bool:
+    """Whether a read of ``stream`` returns data within ``timeout`` seconds;
+    True for a stream that is no socket's (nothing to wait for there)."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        return True
+    peek = getattr(stream, "peek", None)
+    if peek is not None:
+        # Bytes the server's buffered reader already holds (read with the
+        # headers) are invisible to select(); a non-blocking peek sees them
+        # without waiting on the socket.
+        try:
+            blocking = os.get_blocking(fd)
+            os.set_blocking(fd, False)
+        except OSError:
+            return True
+        try:
+            if peek(1):
+                return True
+        except OSError:
+            pass
+        finally:
+            os.set_blocking(fd, blocking)
+    try:
+        if hasattr(select, "poll"):  # any descriptor number, unlike select()
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            return bool(poller.poll(timeout * 1000))
+        return bool(select.select([fd], [], [], timeout)[0])
+    except (OSError, ValueError):
+        return True
 
 
 def _run_app(app: WSGIApp, environ: Dict[str, Any]) -> Answer:
