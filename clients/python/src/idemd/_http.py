@@ -46,9 +46,13 @@ DEFAULT_STORE_HEADERS = (
 #: How long the first bytes of a body the request declares (Content-Length
 #: over 0, or chunked) may take to reach the middleware before it concludes
 #: that something mounted before it already read them: a drained stream
-#: never ends, it blocks until the client gives up. Generous for a client's
-#: round trip (``Expect: 100-continue``), short enough to answer at once.
-BODY_START_TIMEOUT = 0.3
+#: never ends, it blocks until the client gives up. ASGI gives no other
+#: sign, so this is a trade-off: a client whose first body bytes take longer
+#: (a round trip for ``Expect: 100-continue`` on a slow link) gets the same
+#: 500, so it is half a second, longer than most round trips, and the
+#: middleware's ``body_start_timeout`` raises it; WSGI and every other SDK
+#: detect the mistake without a timer.
+BODY_START_TIMEOUT = 0.5
 MIDDLEWARE_ORDER = ("the request body was read before the idempotency middleware saw it; "
                     "mount the middleware before any body parser")
 log = logging.getLogger("idemd")
