@@ -271,8 +271,7 @@ public final class IdempotencyFilter implements Filter {
     }
     long declared = request.getContentLengthLong();
     if (declared > s.maxRequestBytes) {
-      send(response, problem(413, "request_too_large",
-          "request body exceeds " + s.maxRequestBytes + " bytes", Map.of(), null));
+      send(response, tooLarge(s));
       return;
     }
     ServletInputStream input;
@@ -283,10 +282,16 @@ public final class IdempotencyFilter implements Filter {
       orderMistake(response);
       return;
     }
+    if (declared < 0 && chunked(request) && input.isFinished()) {
+      // A chunked body ends with its last chunk, which the container has not seen before anything
+      // read: finished before this filter read a byte means something else read it. (A request
+      // with neither Content-Length nor chunking has no body and is finished from the start.)
+      orderMistake(response);
+      return;
+    }
     byte[] body = readAtMost(input, s.maxRequestBytes);
     if (body == null) {
-      send(response, problem(413, "request_too_large",
-          "request body exceeds " + s.maxRequestBytes + " bytes", Map.of(), null));
+      send(response, tooLarge(s));
       return;
     }
     if (declared > 0 && body.length < declared) {
@@ -426,6 +431,11 @@ public final class IdempotencyFilter implements Filter {
     return text;
   }
 
+  private static Answer tooLarge(Route route) {
+    return problem(413, "request_too_large",
+        "request body exceeds " + route.maxRequestBytes + " bytes", Map.of(), null);
+  }
+
   /**
    * Answers a request whose body was read before this filter saw it (500 {@code middleware_order})
    * and logs that once per filter: it is a wiring mistake, the same on every request.
@@ -435,6 +445,11 @@ public final class IdempotencyFilter implements Filter {
       LOG.log(System.Logger.Level.ERROR, ORDER_DETAIL);
     }
     send(response, problem(500, "middleware_order", ORDER_DETAIL, Map.of(), null));
+  }
+
+  private static boolean chunked(HttpServletRequest request) {
+    String coding = request.getHeader("Transfer-Encoding");
+    return coding != null && coding.toLowerCase(Locale.ROOT).contains("chunked");
   }
 
   private static byte[] readAtMost(ServletInputStream input, long limit) throws IOException {

@@ -1,6 +1,7 @@
 package dev.idemd.servlet;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -11,7 +12,14 @@ import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import jakarta.servlet.Filter;
 import jakarta.servlet.http.HttpServletRequest;
+import java.io.ByteArrayInputStream;
+import java.net.URI;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
+import java.nio.charset.StandardCharsets;
 import java.security.SecureRandom;
+import java.util.HashMap;
+import java.util.Locale;
 import java.util.HexFormat;
 import java.util.List;
 import java.util.Map;
@@ -36,14 +44,20 @@ class MiddlewareOrderTest {
     HttpScenariosTest.stop();
   }
 
-  /** Posts {@code body} to {@code path} through the filter with {@code before} in front of it. */
-  static void assertRefused(Filter before, String contentType, String body) throws Exception {
+  /**
+   * Posts {@code body} through the filter with {@code before} in front of it (chunked: without a
+   * Content-Length) and checks the refusal.
+   */
+  static void assertRefused(Filter before, String contentType, String body, boolean chunked)
+      throws Exception {
     try (HttpScenariosTest.Container container = new HttpScenariosTest.Container(true, before)) {
       String key = HexFormat.of().formatHex(SecureRandom.getSeed(8));
       long started = System.nanoTime();
-      HttpScenariosTest.Reply reply = HttpScenariosTest.send(container.port, Map.of(
-          "method", "POST", "path", "/v1/payments/o1", "body", body,
-          "headers", List.of(List.of("idempotency-key", key), List.of("content-type", contentType))), "");
+      HttpScenariosTest.Reply reply = chunked
+          ? post(container.port, "/v1/payments/o1", key, body.getBytes(StandardCharsets.UTF_8))
+          : HttpScenariosTest.send(container.port, Map.of(
+              "method", "POST", "path", "/v1/payments/o1", "body", body,
+              "headers", List.of(List.of("idempotency-key", key), List.of("content-type", contentType))), "");
       double seconds = (System.nanoTime() - started) / 1e9;
       assertNotNull(reply, "no answer");
       assertTrue(seconds < 1, "answered after " + seconds + " s");
@@ -62,12 +76,73 @@ class MiddlewareOrderTest {
     }
   }
 
+  static void assertRefused(Filter before, String contentType, String body) throws Exception {
+    assertRefused(before, contentType, body, false);
+  }
+
+  /** A JSON POST sent chunked (no Content-Length). */
+  static HttpScenariosTest.Reply post(int port, String path, String key, byte[] body)
+      throws Exception {
+    HttpResponse<byte[]> response = HttpScenariosTest.HTTP.send(
+        HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + port + path))
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .POST(HttpRequest.BodyPublishers.ofInputStream(() -> new ByteArrayInputStream(body)))
+            .build(),
+        HttpResponse.BodyHandlers.ofByteArray());
+    Map<String, List<String>> headers = new HashMap<>();
+    response.headers().map().forEach((k, v) -> headers.put(k.toLowerCase(Locale.ROOT), v));
+    return new HttpScenariosTest.Reply(response.statusCode(), headers, response.body());
+  }
+
+  static final Filter READS_THE_STREAM = (req, res, chain) -> {
+    req.getInputStream().readAllBytes();
+    chain.doFilter(req, res);
+  };
+
+  @Test
+  void theMistakeIsLoggedOncePerFilter() throws Exception {
+    java.util.logging.Logger logger = java.util.logging.Logger.getLogger("dev.idemd.servlet");
+    List<java.util.logging.LogRecord> records = new java.util.concurrent.CopyOnWriteArrayList<>();
+    java.util.logging.Handler handler = new java.util.logging.Handler() {
+      @Override
+      public void publish(java.util.logging.LogRecord record) {
+        records.add(record);
+      }
+
+      @Override
+      public void flush() {}
+
+      @Override
+      public void close() {}
+    };
+    logger.addHandler(handler);
+    try (HttpScenariosTest.Container container =
+        new HttpScenariosTest.Container(true, READS_THE_STREAM)) {
+      for (int i = 0; i < 3; i++) {
+        String key = HexFormat.of().formatHex(SecureRandom.getSeed(8));
+        HttpScenariosTest.Reply reply = HttpScenariosTest.send(container.port, Map.of(
+            "method", "POST", "path", "/v1/payments/o5", "body", "{}",
+            "headers", List.of(List.of("idempotency-key", key))), "");
+        assertEquals(500, reply.status());
+        assertFalse(new String(reply.body()).contains(key));
+      }
+    } finally {
+      logger.removeHandler(handler);
+    }
+    assertEquals(1, records.size(), "log records: " + records.size());
+    assertEquals(java.util.logging.Level.SEVERE, records.get(0).getLevel());
+    assertEquals(IdempotencyFilter.ORDER_DETAIL, records.get(0).getMessage());
+  }
+
+  @Test
+  void aChunkedBodyReadBeforeTheFilter() throws Exception {
+    assertRefused(READS_THE_STREAM, "application/json", "{\"amount\":4200}", true);
+  }
+
   @Test
   void aBodyReadFromTheStreamBeforeTheFilter() throws Exception {
-    assertRefused((req, res, chain) -> {
-      req.getInputStream().readAllBytes();
-      chain.doFilter(req, res);
-    }, "application/json", "{\"amount\":4200}");
+    assertRefused(READS_THE_STREAM, "application/json", "{\"amount\":4200}");
   }
 
   @Test
@@ -96,17 +171,27 @@ class MiddlewareOrderTest {
 
   @Test
   void aRequestWithoutABodyIsNotMistakenForARead() throws Exception {
-    Filter before = (req, res, chain) -> {
-      req.getInputStream().readAllBytes();
-      chain.doFilter(req, res);
-    };
-    try (HttpScenariosTest.Container container = new HttpScenariosTest.Container(true, before)) {
+    try (HttpScenariosTest.Container container =
+        new HttpScenariosTest.Container(true, READS_THE_STREAM)) {
       HttpScenariosTest.Reply reply = HttpScenariosTest.send(container.port, Map.of(
           "method", "POST", "path", "/v1/payments/o2", "body", "",
           "headers", List.of(List.of("idempotency-key", HexFormat.of().formatHex(SecureRandom.getSeed(8))))), "");
       assertNotNull(reply);
       assertEquals(201, reply.status(), new String(reply.body()));
       assertEquals(1, container.app.of("/v1/payments/o2"));
+    }
+  }
+
+  @Test
+  void anEmptyChunkedBodyIsNotMistakenForARead() throws Exception {
+    try (HttpScenariosTest.Container container = new HttpScenariosTest.Container(true)) {
+      HttpScenariosTest.Reply empty = post(container.port, "/v1/payments/o3",
+          HexFormat.of().formatHex(SecureRandom.getSeed(8)), new byte[0]);
+      assertEquals(201, empty.status(), new String(empty.body()));
+      HttpScenariosTest.Reply full = post(container.port, "/v1/payments/o4",
+          HexFormat.of().formatHex(SecureRandom.getSeed(8)), "{\"amount\":4200}".getBytes(StandardCharsets.UTF_8));
+      assertEquals(201, full.status(), new String(full.body()));
+      assertTrue(new String(full.body()).contains("\"request_bytes\":15"), new String(full.body()));
     }
   }
 }
