@@ -18,7 +18,9 @@
 #
 # Then the servlet filter (servlet/) against the shared HTTP scenarios inside Jetty, and the Spring
 # Boot payments example (spring-example/) that registers it: these build against the core, which
-# is installed into the local Maven repository (~/.m2) for them, then the filter is too.
+# is installed into the local Maven repository (~/.m2) for them, then the filter is too. The
+# filter's live tests skip themselves without IDEMD_BIN (README "Install" on a fresh clone); here
+# it is always set, and a skipped one fails the run.
 #
 #   IDEMD_BIN=/path/to/idemd IDEMD_TEST_CERTS=/path/to/test-certs clients/java/test.sh
 #
