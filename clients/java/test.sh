@@ -18,7 +18,9 @@
 #
 # Then the servlet filter (servlet/) against the shared HTTP scenarios inside Jetty, and the Spring
 # Boot payments example (spring-example/) that registers it: these build against the core, which
-# is installed into the local Maven repository (~/.m2) for them, then the filter is too.
+# is installed into the local Maven repository (~/.m2) for them, then the filter is too. The
+# filter's live tests skip themselves without IDEMD_BIN (README "Install" on a fresh clone); here
+# it is always set, and a skipped one fails the run.
 #
 #   IDEMD_BIN=/path/to/idemd IDEMD_TEST_CERTS=/path/to/test-certs clients/java/test.sh
 #
@@ -99,4 +101,16 @@ mvn_quiet() {
 }
 mvn_quiet -q -DskipTests install
 mvn_quiet -f servlet/pom.xml install
+# The filter's live tests are @NeedsIdemd (skipped without IDEMD_BIN, so that the README's install
+# works on a fresh clone). IDEMD_BIN is exported above, so here a skip means a test did not run:
+# fail rather than pass with less.
+reports=(servlet/target/surefire-reports/TEST-*.xml)
+if [ ! -e "${reports[0]}" ]; then
+  echo "test.sh: the servlet module ran no tests" >&2
+  exit 1
+fi
+if grep -l 'skipped="[1-9]' "${reports[@]}" >&2; then
+  echo "test.sh: the servlet tests above were skipped although IDEMD_BIN is set" >&2
+  exit 1
+fi
 mvn_quiet -f spring-example/pom.xml test

@@ -284,10 +284,20 @@ final class ExecuteEngine {
     }
   }
 
-  /** The handler's error text (its message; its type when it has none). */
+  /**
+   * The stored Fail reason for a handler's error: {@code <Kind>: <message>}, {@code <Kind>} its
+   * unqualified class name (the kind alone when it has no message), the format every SDK stores
+   * (clients/conformance/http-scenarios.md, "What an HTTP caller learns about a failed handler").
+   * Capped by the caller.
+   */
   static String describe(Throwable error) {
+    Class<?> type = error.getClass();
+    while (type.getSimpleName().isEmpty()) {
+      type = type.getSuperclass(); // an anonymous class: named after what it extends
+    }
+    String kind = type.getSimpleName();
     String message = error.getMessage();
-    return message == null || message.isBlank() ? error.getClass().getName() : message;
+    return message == null || message.isBlank() ? kind : kind + ": " + message;
   }
 
   static String truncateUtf8(String text, int maxBytes) {

@@ -55,11 +55,19 @@ import org.junit.jupiter.api.io.TempDir;
  */
 @ExtendWith(LiveIdemd.class)
 class ConsumerProjectTest {
-  /** What the Install section's sh block must say; the test runs it (plus Maven flags, below). */
-  static final String INSTALL = "mvn -f clients/java/pom.xml install -DskipTests";
+  /**
+   * What the Install section's sh block must say; the test runs it (plus Maven flags, below): the
+   * core, then the servlet filter, whose tests skip themselves without IDEMD_BIN, as on a fresh
+   * clone.
+   */
+  static final List<String> INSTALL =
+      List.of(
+          "mvn -f clients/java/pom.xml install -DskipTests",
+          "mvn -f clients/java/servlet/pom.xml install");
 
   private static final String GROUP_ID = "dev.idemd";
   private static final String ARTIFACT_ID = "idemd-client";
+  private static final String SERVLET_ARTIFACT_ID = "idemd-servlet";
   private static final String MODULE_NAME = "dev.idemd.client";
   private static final Pattern INSTALL_SECTION =
       Pattern.compile("^## Install\\n(.*?)(?=^## )", Pattern.DOTALL | Pattern.MULTILINE);
@@ -149,7 +157,7 @@ class ConsumerProjectTest {
 
   @Test
   void readmeInstallSectionIsWhatThisTestRuns() throws IOException {
-    assertEquals(List.of(INSTALL), installCommands());
+    assertEquals(INSTALL, installCommands());
     String version = projectVersion();
     assertFalse(version.endsWith("-SNAPSHOT"), "a consumer pins a release version, not " + version);
     String dependency = dependencyBlock();
@@ -166,25 +174,19 @@ class ConsumerProjectTest {
     Path localRepo = tmp.resolve("m2");
     Path settings = writeSettings(tmp);
 
-    List<String> install = new ArrayList<>(Arrays.asList(INSTALL.split(" ")));
-    assertEquals(List.of(INSTALL), installCommands());
-    Run installed = maven(install, checkout, localRepo, settings, Map.of());
-    assertEquals(0, installed.exit(), () -> "`" + INSTALL + "` failed:\n" + installed.tail());
+    assertEquals(INSTALL, installCommands());
+    for (String command : INSTALL) {
+      // A fresh clone has no idemd: IDEMD_BIN unset, as a user runs it.
+      Run installed =
+          maven(
+              Arrays.asList(command.split(" ")), checkout, localRepo, settings, Map.of(), "IDEMD_BIN");
+      assertEquals(0, installed.exit(), () -> "`" + command + "` failed:\n" + installed.tail());
+    }
 
-    String version = projectVersion();
-    Path jar =
-        localRepo.resolve(
-            GROUP_ID.replace('.', '/')
-                + "/"
-                + ARTIFACT_ID
-                + "/"
-                + version
-                + "/"
-                + ARTIFACT_ID
-                + "-"
-                + version
-                + ".jar");
-    assertTrue(Files.isRegularFile(jar), () -> "no jar at " + jar + "\n" + installed.tail());
+    Path jar = installedJar(localRepo, ARTIFACT_ID);
+    assertTrue(Files.isRegularFile(jar), () -> "no jar at " + jar);
+    Path servletJar = installedJar(localRepo, SERVLET_ARTIFACT_ID);
+    assertTrue(Files.isRegularFile(servletJar), () -> "no jar at " + servletJar);
     try (JarFile file = new JarFile(jar.toFile())) {
       assertNotNull(file.getManifest(), "the jar has no manifest");
       assertEquals(
@@ -238,7 +240,7 @@ class ConsumerProjectTest {
     copyShippedFiles(checkout, "clients/java");
     Run run =
         maven(
-            new ArrayList<>(Arrays.asList(INSTALL.split(" "))),
+            Arrays.asList(INSTALL.get(0).split(" ")),
             checkout,
             tmp.resolve("m2"),
             writeSettings(tmp),
@@ -254,6 +256,22 @@ class ConsumerProjectTest {
 
   // -----------------------------------------------------------------------------------------------
 
+  /** Where a command of the Install section puts an artifact of this SDK's version. */
+  private static Path installedJar(Path localRepo, String artifactId) {
+    String version = projectVersion();
+    return localRepo.resolve(
+        GROUP_ID.replace('.', '/')
+            + "/"
+            + artifactId
+            + "/"
+            + version
+            + "/"
+            + artifactId
+            + "-"
+            + version
+            + ".jar");
+  }
+
   private record Run(int exit, String stdout, String stderr) {
     String tail() {
       String all = stdout + stderr;
@@ -263,10 +281,16 @@ class ConsumerProjectTest {
 
   /**
    * Runs {@code command} (its first word "mvn": the Maven running this build) in {@code dir} with
-   * the temporary local repository and settings, in batch mode without progress or colours.
+   * the temporary local repository and settings, in batch mode without progress or colours, with
+   * {@code env} added to this process's environment and {@code unset} removed from it.
    */
   private static Run maven(
-      List<String> command, Path dir, Path localRepo, Path settings, Map<String, String> env)
+      List<String> command,
+      Path dir,
+      Path localRepo,
+      Path settings,
+      Map<String, String> env,
+      String... unset)
       throws IOException, InterruptedException {
     assertEquals("mvn", command.get(0));
     List<String> full = new ArrayList<>();
@@ -297,6 +321,7 @@ class ConsumerProjectTest {
             .redirectOutput(out.toFile())
             .redirectError(err.toFile());
     builder.environment().putAll(env);
+    builder.environment().keySet().removeAll(List.of(unset));
     Process process = builder.start();
     if (!process.waitFor(MAVEN_TIMEOUT_MINUTES, TimeUnit.MINUTES)) {
       process.descendants().forEach(ProcessHandle::destroyForcibly);

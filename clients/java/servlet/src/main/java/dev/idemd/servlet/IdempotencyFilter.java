@@ -44,6 +44,7 @@ import java.util.List;
 import java.util.Locale;
 import java.util.Map;
 import java.util.Objects;
+import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.regex.Pattern;
 
 /**
@@ -60,7 +61,9 @@ import java.util.regex.Pattern;
  * stored (status, the route's {@code store_headers}, body) and sent. Retries get the stored answer
  * with {@code Idempotent-Replayed: true}; a duplicate in flight 409 with {@code Retry-After} (or a
  * wait of {@code max_wait}); another body under the key 422; an undecided outcome 409 {@code
- * outcome_pending}. An exception from the servlet leaves the key UNKNOWN (released when it is, or
+ * outcome_pending} (with the stored reason only on a route that sets {@code exposeFailureReason}).
+ * A body that something before the filter already read gets 500 {@code middleware_order}, and the
+ * key is not claimed. An exception from the servlet leaves the key UNKNOWN (released when it is, or
  * is caused by, a {@link NoSideEffectException}) and propagates to the container; a 5xx answer
  * releases the key unless the route stores it. The servlet finds its {@link Execution} (for
  * downstream keys) in the request attribute {@link #EXECUTION_ATTRIBUTE}.
@@ -70,6 +73,16 @@ public final class IdempotencyFilter implements Filter {
   public static final String EXECUTION_ATTRIBUTE = "dev.idemd.execution";
 
   private static final Pattern KEY = Pattern.compile("[A-Za-z0-9_-]{1,255}");
+
+  private static final System.Logger LOG = System.getLogger("dev.idemd.servlet");
+
+  static final String ORDER_DETAIL =
+      "the request body was read before the idempotency filter saw it; register the filter before"
+          + " any filter that reads the body (getParameter, getReader or getInputStream; in Spring"
+          + " Boot, FormContentFilter parses PUT, PATCH and DELETE forms: order the registration"
+          + " before it)";
+
+  private final AtomicBoolean orderLogged = new AtomicBoolean();
 
   private final IdemdClient client;
   private final List<Compiled> routes;
@@ -128,7 +141,8 @@ public final class IdempotencyFilter implements Filter {
           .store5xx(false)
           .ignoreFields(List.of())
           .storeHeaders(Route.DEFAULT_STORE_HEADERS)
-          .localFingerprint(false);
+          .localFingerprint(false)
+          .exposeFailureReason(false);
 
   private static Route merged(Route route, Route base) {
     Route out = Route.path(route.path);
@@ -145,6 +159,8 @@ public final class IdempotencyFilter implements Filter {
         route.localFingerprint != null ? route.localFingerprint : base.localFingerprint;
     out.ttl = route.ttl != null ? route.ttl : base.ttl;
     out.lease = route.lease != null ? route.lease : base.lease;
+    out.exposeFailureReason =
+        route.exposeFailureReason != null ? route.exposeFailureReason : base.exposeFailureReason;
     return out;
   }
 
@@ -254,10 +270,35 @@ public final class IdempotencyFilter implements Filter {
       return;
     }
     long declared = request.getContentLengthLong();
-    byte[] body = declared > s.maxRequestBytes ? null : readAtMost(request, s.maxRequestBytes);
+    if (declared > s.maxRequestBytes) {
+      send(response, tooLarge(s));
+      return;
+    }
+    ServletInputStream input;
+    try {
+      input = request.getInputStream();
+    } catch (IllegalStateException readerTaken) {
+      // getReader() was called before this filter: the body is (being) read as characters.
+      orderMistake(response);
+      return;
+    }
+    if (declared < 0 && chunked(request) && input.isFinished()) {
+      // A chunked body ends with its last chunk, which the container has not seen before anything
+      // read: finished before this filter read a byte means something else read it. (A request
+      // with neither Content-Length nor chunking has no body and is finished from the start.)
+      orderMistake(response);
+      return;
+    }
+    byte[] body = readAtMost(input, s.maxRequestBytes);
     if (body == null) {
-      send(response, problem(413, "request_too_large",
-          "request body exceeds " + s.maxRequestBytes + " bytes", Map.of(), null));
+      send(response, tooLarge(s));
+      return;
+    }
+    if (declared > 0 && body.length < declared) {
+      // Something before this filter read the body (getParameter on a form, getInputStream): what
+      // is left ends early, at once. Fingerprinting and handing on the rest would store a key for
+      // a body nobody sent, so nothing is claimed.
+      orderMistake(response);
       return;
     }
     String target = path + (request.getQueryString() == null ? "" : "?" + request.getQueryString());
@@ -278,7 +319,12 @@ public final class IdempotencyFilter implements Filter {
             } catch (Exception e) {
               thrown[0] = e;
               NoSideEffectException marker = causeOf(e);
-              throw marker != null ? marker : e;
+              if (marker != null) {
+                throw marker;
+              }
+              // The executor stores what it is given as the Fail reason: give it the servlet's own
+              // exception, not the wrapper; the container still gets thrown[0].
+              throw handlerCause(e) instanceof Exception cause ? cause : e;
             }
             Answer got = capture.answer();
             if (got.status >= 500 && !route.store5xx) {
@@ -327,7 +373,7 @@ public final class IdempotencyFilter implements Filter {
       send(response, problem(409, "outcome_pending",
           "the outcome of the first request with this Idempotency-Key is not known; it is waiting"
               + " for an operator's decision",
-          Map.of("state", e.state().name(), "reason", e.reason()), null));
+          pending(e, route.exposeFailureReason), null));
       return;
     } catch (StatusRuntimeException e) {
       String code = e.getStatus().getCode().name();
@@ -385,9 +431,54 @@ public final class IdempotencyFilter implements Filter {
     return text;
   }
 
-  private static byte[] readAtMost(HttpServletRequest request, long limit) throws IOException {
-    byte[] data = request.getInputStream().readNBytes((int) Math.min(limit + 1, Integer.MAX_VALUE));
+  private static Answer tooLarge(Route route) {
+    return problem(413, "request_too_large",
+        "request body exceeds " + route.maxRequestBytes + " bytes", Map.of(), null);
+  }
+
+  /**
+   * Answers a request whose body was read before this filter saw it (500 {@code middleware_order})
+   * and logs that once per filter: it is a wiring mistake, the same on every request.
+   */
+  private void orderMistake(HttpServletResponse response) throws IOException {
+    if (orderLogged.compareAndSet(false, true)) {
+      LOG.log(System.Logger.Level.ERROR, ORDER_DETAIL);
+    }
+    send(response, problem(500, "middleware_order", ORDER_DETAIL, Map.of(), null));
+  }
+
+  private static boolean chunked(HttpServletRequest request) {
+    String coding = request.getHeader("Transfer-Encoding");
+    return coding != null && coding.toLowerCase(Locale.ROOT).contains("chunked");
+  }
+
+  private static byte[] readAtMost(ServletInputStream input, long limit) throws IOException {
+    byte[] data = input.readNBytes((int) Math.min(limit + 1, Integer.MAX_VALUE));
     return data.length > limit ? null : data;
+  }
+
+  /** The members a 409 outcome_pending adds: the state, and the stored reason only when exposed. */
+  private static Map<String, String> pending(OutcomePendingException e, boolean exposeReason) {
+    Map<String, String> members = new LinkedHashMap<>();
+    members.put("state", e.state().name());
+    if (exposeReason) {
+      members.put("reason", e.reason());
+    }
+    return members;
+  }
+
+  /**
+   * What the servlet threw, out of the ServletExceptions around it (Spring's DispatcherServlet
+   * wraps every controller exception in one, "Request processing failed: ..."), so that the stored
+   * reason names the handler's exception (http-scenarios.md, "What an HTTP caller learns about a
+   * failed handler").
+   */
+  static Throwable handlerCause(Throwable e) {
+    Throwable t = e;
+    while (t instanceof ServletException && t.getCause() != null && t.getCause() != t) {
+      t = t.getCause();
+    }
+    return t;
   }
 
   private static NoSideEffectException causeOf(Throwable e) {
@@ -488,6 +579,7 @@ public final class IdempotencyFilter implements Filter {
       case 413 -> "Payload Too Large";
       case 422 -> "Unprocessable Entity";
       case 429 -> "Too Many Requests";
+      case 500 -> "Internal Server Error";
       case 503 -> "Service Unavailable";
       case 504 -> "Gateway Timeout";
       default -> "Error";

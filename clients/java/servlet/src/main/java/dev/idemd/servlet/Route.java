@@ -41,6 +41,7 @@ public final class Route {
   Boolean localFingerprint;
   Duration ttl;
   Duration lease;
+  Boolean exposeFailureReason;
 
   private Route(String path) {
     if (!path.startsWith("/")) {
@@ -129,11 +130,21 @@ public final class Route {
   }
 
   /**
+   * {@code true}: a 409 {@code outcome_pending} carries the key's stored reason (the handler's
+   * exception text) as {@code reason}. Off by default, for development only: the reason is written
+   * for operators, and exception messages carry internal names, SQL and sometimes secrets.
+   */
+  public Route exposeFailureReason(boolean expose) {
+    this.exposeFailureReason = expose;
+    return this;
+  }
+
+  /**
    * A route from a table of the proxy's routes file as parsed JSON ({@code path}, {@code methods},
    * {@code key}, {@code max_request_bytes}, {@code max_response_bytes}, {@code max_wait}, {@code
    * on_5xx}, {@code ignore_fields}, {@code store_headers}, {@code fingerprint}, {@code ttl}, {@code
-   * lease}). Names in {@code ignore} (such as the proxy's {@code upstream_timeout}) are dropped; any
-   * other unknown name is an error naming it.
+   * lease}, {@code expose_failure_reason}). Names in {@code ignore} (such as the proxy's {@code
+   * upstream_timeout}) are dropped; any other unknown name is an error naming it.
    */
   public static Route fromTable(Map<String, ?> table, Set<String> ignore) {
     Object p = table.get("path");
@@ -158,6 +169,7 @@ public final class Route {
             route.localFingerprint(oneOf(v, where, "server", "local").equals("local"));
         case "ttl" -> route.ttl(duration(v, where));
         case "lease" -> route.lease(duration(v, where));
+        case "expose_failure_reason" -> route.exposeFailureReason(bool(v, where));
         default -> throw new IllegalArgumentException(where + ": unknown setting");
       }
     }
@@ -190,6 +202,13 @@ public final class Route {
       }
     }
     throw new IllegalArgumentException(where + ": \"" + text + "\" must be one of " + List.of(allowed));
+  }
+
+  private static boolean bool(Object v, String where) {
+    if (!(v instanceof Boolean b)) {
+      throw new IllegalArgumentException(where + ": must be true or false");
+    }
+    return b;
   }
 
   private static long number(Object v, String where) {

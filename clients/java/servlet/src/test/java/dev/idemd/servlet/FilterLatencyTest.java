@@ -17,6 +17,7 @@ import org.junit.jupiter.api.Test;
  * servlet in Jetty with and without it, p50 of 200 requests each, against the live idemd. Prints
  * them; fails only when a replay's p50 is over 10 ms.
  */
+@NeedsIdemd
 class FilterLatencyTest {
   static final int SAMPLES = 200;
 

@@ -2,6 +2,7 @@ package dev.idemd.servlet;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assertions.fail;
@@ -49,6 +50,7 @@ import org.junit.jupiter.api.Test;
  * the shared HTTP scenarios (clients/conformance/http-scenarios.json, which {@code idemd proxy}'s
  * suite runs too), and what the filter hands the servlet.
  */
+@NeedsIdemd
 class HttpScenariosTest {
   static Idemd idemd;
   static IdemdClient client;
@@ -82,6 +84,9 @@ class HttpScenariosTest {
     return Integer.parseInt(((JsonNumber) v).text());
   }
 
+  /** What the app's {@code /crash/} handler throws (http-scenarios.md). */
+  static final String CRASH_MESSAGE = "boom: secret-4711";
+
   /** The scenarios' app (http-scenarios.md), counting executions per path. */
   static final class App extends HttpServlet {
     private static final long serialVersionUID = 1L;
@@ -104,8 +109,8 @@ class HttpScenariosTest {
           Thread.currentThread().interrupt();
         }
       }
-      if (path.startsWith("/crash/")) {
-        throw new IllegalStateException("the charge timed out: outcome unknown");
+      if (path.startsWith("/crash/") || path.startsWith("/crash-exposed/")) {
+        throw new IllegalStateException(CRASH_MESSAGE);
       }
       if (path.startsWith("/norun/")) {
         throw new IOException(new NoSideEffectException("card rejected before charging"));
@@ -152,6 +157,11 @@ class HttpScenariosTest {
 
     /** With or without the filter (the latency test compares both). */
     Container(boolean filtered) throws Exception {
+      this(filtered, null);
+    }
+
+    /** With {@code before} (when not null) mounted in front of the filter. */
+    Container(boolean filtered, jakarta.servlet.Filter before) throws Exception {
       ServerConnector connector = new ServerConnector(server);
       connector.setHost("127.0.0.1");
       server.addConnector(connector);
@@ -163,6 +173,9 @@ class HttpScenariosTest {
       }
       for (Object table : list(map(file.get("routes")).get("routes"))) {
         builder.route(Route.fromTable(map(table), proxyOnly));
+      }
+      if (before != null) {
+        context.addFilter(new FilterHolder(before), "/*", EnumSet.of(DispatcherType.REQUEST));
       }
       if (filtered) {
         context.addFilter(new FilterHolder(builder.build()), "/*", EnumSet.of(DispatcherType.REQUEST));
@@ -239,6 +252,16 @@ class HttpScenariosTest {
     }
     if (expect.containsKey("body_length")) {
       assertEquals(number(expect.get("body_length")), reply.body().length, at + ": body length");
+    }
+    if (expect.get("body_includes") instanceof List<?> includes) {
+      for (Object part : includes) {
+        assertTrue(text.contains((String) part), at + ": body lacks " + part + ": " + text);
+      }
+    }
+    if (expect.get("body_excludes") instanceof List<?> excludes) {
+      for (Object part : excludes) {
+        assertFalse(text.contains((String) part), at + ": body contains " + part + ": " + text);
+      }
     }
     if (expect.get("body_same_as") instanceof String name) {
       assertArrayEquals(saved.get(name), reply.body(), at + ": body differs from " + name + "'s");
@@ -336,6 +359,20 @@ class HttpScenariosTest {
       if (ran <= 10) {
         fail("only " + ran + " scenarios ran");
       }
+    }
+  }
+
+  @Test
+  void aCrashStoresTheHandlersExceptionAsTheReason() throws Exception {
+    try (Container container = new Container()) {
+      String key = HexFormat.of().formatHex(SecureRandom.getSeed(8));
+      Reply reply = send(container.port, Map.of("method", "POST", "path", "/crash/r1", "body", "{}",
+          "headers", List.of(List.of("idempotency-key", key), List.of("content-type", "application/json"))), "");
+      assertTrue(reply == null || reply.status() >= 500, "the crash reached the container");
+      var record = client.lookup(dev.idemd.v1.LookupRequest.newBuilder()
+          .setEndpoint("POST /crash/r1").setKey(key).build()).getRecord();
+      assertEquals(dev.idemd.v1.State.STATE_UNKNOWN, record.getState());
+      assertEquals("IllegalStateException: " + CRASH_MESSAGE, record.getReason());
     }
   }
 

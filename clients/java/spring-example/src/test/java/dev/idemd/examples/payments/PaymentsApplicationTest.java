@@ -2,9 +2,15 @@ package dev.idemd.examples.payments;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import dev.idemd.client.IdemdClient;
 import dev.idemd.client.json.StrictJson;
+import dev.idemd.v1.LookupRequest;
+import dev.idemd.v1.Record;
+import io.grpc.Status;
+import io.grpc.StatusRuntimeException;
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.net.URI;
@@ -24,6 +30,8 @@ import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
 import org.springframework.boot.SpringApplication;
 import org.springframework.context.ConfigurableApplicationContext;
+import org.springframework.web.bind.annotation.PostMapping;
+import org.springframework.web.bind.annotation.RestController;
 
 /** The Spring Boot example over real HTTP against a live idemd. */
 class PaymentsApplicationTest {
@@ -86,6 +94,65 @@ class PaymentsApplicationTest {
       request.header("Idempotency-Key", key);
     }
     return HTTP.send(request.build(), HttpResponse.BodyHandlers.ofString());
+  }
+
+  /**
+   * A controller that fails with its outcome unknown (http-scenarios.md's {@code /crash/}); found
+   * by the application's component scan, in tests only. Spring's DispatcherServlet wraps what it
+   * throws in a ServletException ("Request processing failed: ...").
+   */
+  @RestController
+  static class CrashController {
+    @PostMapping("/v1/crash")
+    String crash() {
+      throw new IllegalStateException("boom: secret-4711");
+    }
+  }
+
+  static HttpResponse<String> send(String method, String path, String contentType, String body,
+      String key) throws Exception {
+    return HTTP.send(HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + port + path))
+        .header("Content-Type", contentType)
+        .header("Idempotency-Key", key)
+        .method(method, HttpRequest.BodyPublishers.ofString(body))
+        .build(), HttpResponse.BodyHandlers.ofString());
+  }
+
+  static Record lookup(String endpoint, String key) {
+    return app.getBean(IdemdClient.class)
+        .lookup(LookupRequest.newBuilder().setEndpoint(endpoint).setKey(key).build())
+        .getRecord();
+  }
+
+  @Test
+  void aControllerExceptionIsStoredUnwrappedAndNotShownToTheCaller() throws Exception {
+    String key = UUID.randomUUID().toString();
+    HttpResponse<String> first = send("POST", "/v1/crash", "application/json", "{}", key);
+    assertEquals(500, first.statusCode(), first.body());
+    assertEquals("IllegalStateException: boom: secret-4711", lookup("POST /v1/crash", key).getReason());
+
+    HttpResponse<String> retry = send("POST", "/v1/crash", "application/json", "{}", key);
+    assertEquals(409, retry.statusCode(), retry.body());
+    assertEquals("https://idemd.dev/problems/outcome_pending", problem(retry));
+    assertFalse(retry.body().contains("secret-4711"), retry.body());
+    assertFalse(retry.body().contains("\"reason\""), retry.body());
+  }
+
+  @Test
+  void aFormSpringParsedBeforeTheFilterIsAnOrderMistake() throws Exception {
+    // Spring Boot's FormContentFilter (order -9900) reads PATCH forms before this registration
+    // (default order, last): the filter must say so at once, not claim a key for an empty body.
+    String key = UUID.randomUUID().toString();
+    long started = System.nanoTime();
+    HttpResponse<String> answer =
+        send("PATCH", "/v1/payments", "application/x-www-form-urlencoded", "amount=4200", key);
+    double seconds = (System.nanoTime() - started) / 1e9;
+    assertTrue(seconds < 1, "answered after " + seconds + " s");
+    assertEquals(500, answer.statusCode(), answer.body());
+    assertEquals("https://idemd.dev/problems/middleware_order", problem(answer));
+    StatusRuntimeException missing =
+        assertThrows(StatusRuntimeException.class, () -> lookup("PATCH /v1/payments", key));
+    assertEquals(Status.Code.NOT_FOUND, missing.getStatus().getCode());
   }
 
   static String problem(HttpResponse<String> response) throws Exception {
