@@ -2,7 +2,7 @@
 # Builds the TypeScript SDK from scratch and runs all of its tests against a real idemd:
 # fingerprint + downstream-key vectors, the shared conformance scenarios, executor tests,
 # the TLS/mTLS test, the README examples, the Express/Fastify/Web middleware against the shared
-# HTTP scenarios, the HTTP example and the consumer project (the
+# HTTP scenarios and mounted after a body reader, the HTTP example and the consumer project (the
 # README's Install commands on a copy of the files git ships, then a fresh project outside the
 # repository installs the packed tarball and runs a program); then, on its own, the replay
 # latency check (100 replays of a 1 KiB body, fails when the p50 is over 10 ms).
