@@ -12,8 +12,8 @@
 # IDEMD_BIN defaults to <repo>/target/debug/idemd. IDEMD_TEST_CERTS is the directory written by
 # `make test-certs` (make sdk-typescript sets both); without it the TLS test fails rather than
 # skips, so a CI run can never pass without exercising mTLS. Needs Node.js >= 20 with npm (installed
-# from Debian's packages if absent), git, and Maven for scripts/protoc.sh. Dependencies come from
-# the npm registry (npm ci against the committed package-lock.json, cached in ~/.npm; the
+# from Debian's packages if absent) and git; the proto compiler, buf, is an npm devDependency.
+# Dependencies come from the npm registry (npm ci against the committed package-lock.json, cached in ~/.npm; the
 # consumer test installs the same packages again, preferring that cache).
 set -euo pipefail
 
