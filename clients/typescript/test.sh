@@ -2,7 +2,7 @@
 # Builds the TypeScript SDK from scratch and runs all of its tests against a real idemd:
 # fingerprint + downstream-key vectors, the shared conformance scenarios, executor tests,
 # the TLS/mTLS test, the README examples, the Express/Fastify/Web middleware against the shared
-# HTTP scenarios, the HTTP example and the consumer project (the
+# HTTP scenarios and mounted after a body reader, the HTTP example and the consumer project (the
 # README's Install commands on a copy of the files git ships, then a fresh project outside the
 # repository installs the packed tarball and runs a program); then, on its own, the replay
 # latency check (100 replays of a 1 KiB body, fails when the p50 is over 10 ms).
@@ -12,8 +12,8 @@
 # IDEMD_BIN defaults to <repo>/target/debug/idemd. IDEMD_TEST_CERTS is the directory written by
 # `make test-certs` (make sdk-typescript sets both); without it the TLS test fails rather than
 # skips, so a CI run can never pass without exercising mTLS. Needs Node.js >= 20 with npm (installed
-# from Debian's packages if absent), git, and Maven for scripts/protoc.sh. Dependencies come from
-# the npm registry (npm ci against the committed package-lock.json, cached in ~/.npm; the
+# from Debian's packages if absent) and git; the proto compiler, buf, is an npm devDependency.
+# Dependencies come from the npm registry (npm ci against the committed package-lock.json, cached in ~/.npm; the
 # consumer test installs the same packages again, preferring that cache).
 set -euo pipefail
 

@@ -1,30 +1,30 @@
 #!/usr/bin/env bash
 # Generates the TypeScript stubs for proto/idemd/v1/idempotency.proto into src/gen/
-# with protoc and the ts-proto plugin (grpc-js services). src/gen/ is not committed.
+# with the ts-proto plugin (grpc-js services). src/gen/ is not committed.
 #
-# protoc: $PROTOC if set, else the repository's scripts/protoc.sh (Maven Central).
+# The compiler is the buf CLI, a devDependency: its binary ships inside the npm package (as do
+# the well-known types google/protobuf/*.proto), so packing from a fresh clone needs Node.js and
+# npm only, not protoc and the Maven that scripts/protoc.sh fetches it with.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 repo="$(cd "$here/../.." && pwd)"
-protoc="${PROTOC:-$("$repo/scripts/protoc.sh")}"
-include="$(dirname "$protoc")/include"
+buf="$here/node_modules/.bin/buf"
 plugin="$here/node_modules/.bin/protoc-gen-ts_proto"
-if [ ! -x "$plugin" ]; then
-  echo "generate.sh: $plugin missing; run npm ci first" >&2
-  exit 1
-fi
+for tool in "$buf" "$plugin"; do
+  if [ ! -x "$tool" ]; then
+    echo "generate.sh: $tool missing; run npm ci first" >&2
+    exit 1
+  fi
+done
 out="$here/src/gen"
 rm -rf "$out"
 mkdir -p "$out"
-"$protoc" \
-  --proto_path="$repo/proto" \
-  --proto_path="$include" \
-  --plugin=protoc-gen-ts_proto="$plugin" \
-  --ts_proto_out="$out" \
-  --ts_proto_opt=outputServices=grpc-js \
-  --ts_proto_opt=env=node \
-  --ts_proto_opt=esModuleInterop=true \
-  --ts_proto_opt=useDate=true \
-  --ts_proto_opt=forceLong=number \
-  --ts_proto_opt=outputJsonMethods=true \
-  "$repo/proto/idemd/v1/idempotency.proto"
+# proto/ holds no buf.yaml: buf takes the directory as the module, --path picks the one file.
+template="$(cat <<JSON
+{"version": "v2", "plugins": [{"local": "$plugin", "out": "$out", "opt": [
+  "outputServices=grpc-js", "env=node", "esModuleInterop=true", "useDate=true",
+  "forceLong=number", "outputJsonMethods=true"]}]}
+JSON
+)"
+cd "$repo"
+"$buf" generate proto --template "$template" --path proto/idemd/v1/idempotency.proto

@@ -286,7 +286,7 @@ async function runClaimed(
       await quietly(client.fail({
         ...fenced,
         disposition: Disposition.DISPOSITION_UNKNOWN,
-        reason: failReason(new Error(`the response could not be stored: ${errorText(err)}`)),
+        reason: capReason(`the response could not be stored: ${errorText(err)}`),
       }));
     }
     throw err;
@@ -372,9 +372,41 @@ function errorText(err: unknown): string {
   return String(err);
 }
 
-/** The Fail reason: the error's text, cut to 1024 bytes on a character boundary. */
+/**
+ * What a thrown value says in a stored Fail reason: `<Kind>: <message>`, the format every SDK
+ * and framework middleware shares (clients/conformance/http-scenarios.md). `<Kind>` is the
+ * error's `name` (`Error`, `TypeError`, or what a subclass sets), `thrown` for a value that is
+ * not an Error (`throw "boom"` → `thrown: boom`).
+ */
+export function failureText(err: unknown): string {
+  if (err instanceof Error) return `${err.name || "Error"}: ${err.message}`;
+  let text: string;
+  try {
+    text = String(err);
+  } catch {
+    text = Object.prototype.toString.call(err); // e.g. an object without a prototype
+  }
+  return `thrown: ${text}`;
+}
+
+/**
+ * A handler failure whose Fail reason is `storedReason` (capped), not the `<Kind>: <message>`
+ * of the error itself: how a wrapper (the HTTP middleware) records the error it wraps, or a
+ * reason of its own, without its own class name showing up in the record.
+ */
+export class FailWithReason extends Error {
+  constructor(readonly storedReason: string) {
+    super(storedReason);
+  }
+}
+
+/** The Fail reason of a handler's error. */
 function failReason(err: unknown): string {
-  const text = errorText(err) || "handler failed";
+  return capReason(err instanceof FailWithReason ? err.storedReason : failureText(err));
+}
+
+/** At most 1024 bytes of UTF-8 (the server's limit on a reason), cut on a character boundary. */
+function capReason(text: string): string {
   const bytes = Buffer.from(text, "utf8");
   if (bytes.length <= MAX_REASON_BYTES) return text;
   let end = MAX_REASON_BYTES;

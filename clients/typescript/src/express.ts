@@ -8,15 +8,16 @@
  * Mount it before any body parser: for a request it makes idempotent it reads the body once
  * (up to `maxRequestBytes`, else 413) and fills `req.body` as `express.json()`, `express.text()`
  * and `express.urlencoded()` would (and `req.rawBody` with the bytes), so those parsers leave it
- * alone. The handler's answer is buffered, stored and sent; `req.idemd` is its
- * {@link HandlerContext} (for `downstreamKey`). Express has no dependency here: any
- * Connect-style app works.
+ * alone. Mounted after one, it finds the body already read and answers 500 `middleware_order`
+ * (logged once) without claiming the key. The handler's answer is buffered, stored and sent;
+ * `req.idemd` is its {@link HandlerContext} (for `downstreamKey`). Express has no dependency
+ * here: any Connect-style app works.
  */
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { IdemdClient } from "./client";
 import type { HandlerContext, HeaderList } from "./executor";
-import { AppFailed, handle, Routes, type Answer, type IdempotencyOptions } from "./http";
-import { readStream } from "./node-http";
+import { AppFailed, handle, Middleware, type Answer, type IdempotencyOptions } from "./http";
+import { readRequestBody } from "./node-http";
 
 /** Where {@link idempotencyErrors} leaves a handler's error for the middleware. */
 const FAILED = Symbol.for("idemd.failed");
@@ -26,15 +27,15 @@ type Req = IncomingMessage & { body?: unknown; rawBody?: Buffer; idemd?: Handler
 
 /** The middleware. */
 export function idempotency(client: IdemdClient, options: IdempotencyOptions = {}) {
-  const routes = new Routes(options);
+  const middleware = new Middleware(client, options,
+    "mount app.use(idempotency(...)) before any body parser (express.json(), express.raw(), express.text(), express.urlencoded()) and anything else that reads the request");
   return (req: Req, res: ServerResponse, next: Next): void => {
     const target = req.originalUrl ?? req.url ?? "/";
     const path = target.split("?", 1)[0]!;
     handle(
-      client,
-      routes,
+      middleware,
       { method: req.method ?? "GET", path, target, header: (name) => headerOf(req, name) },
-      (limit) => readStream(req, limit),
+      (limit) => readRequestBody(req, req, limit),
       (body, context) => {
         req.rawBody = body;
         req.body = parsed(body, headerOf(req, "content-type"));

@@ -8,13 +8,16 @@
  * the key and hands Fastify's parser the same bytes; the route's reply is captured in
  * `onSend`, stored and sent. A handler's error (`onError`) leaves the key UNKNOWN (released
  * for a NoSideEffectError) while Fastify answers its error reply. `request.idemd` is the
- * {@link HandlerContext} (for `downstreamKey`). Fastify itself is not a dependency.
+ * {@link HandlerContext} (for `downstreamKey`). Register it before any hook that reads the body
+ * (an `onRequest` hook, or a `preParsing` hook that consumes the payload): if the payload it gets
+ * was already read it answers 500 `middleware_order` (logged once, on `fastify.log` unless a
+ * `logger` is given) without claiming the key. Fastify itself is not a dependency.
  */
 import { Readable } from "node:stream";
 import type { IdemdClient } from "./client";
 import type { HandlerContext, HeaderList } from "./executor";
-import { AppFailed, handle, Routes, type Answer, type IdempotencyOptions } from "./http";
-import { readStream } from "./node-http";
+import { AppFailed, handle, Middleware, type Answer, type IdempotencyOptions } from "./http";
+import { readRequestBody } from "./node-http";
 
 export interface FastifyIdempotencyOptions extends IdempotencyOptions {
   client: IdemdClient;
@@ -34,8 +37,9 @@ const PENDING = Symbol.for("idemd.pending");
 
 /* eslint-disable @typescript-eslint/no-explicit-any -- Fastify's types are not a dependency. */
 export function idempotencyPlugin(fastify: any, options: FastifyIdempotencyOptions, done: (error?: Error) => void): void {
-  const routes = new Routes(options);
-  const client = options.client;
+  const middleware = new Middleware(options.client, options,
+    "register idempotencyPlugin before any plugin or hook that reads the request body (an onRequest or preParsing hook that consumes the payload)",
+    options.logger ?? fastify.log);
 
   fastify.addHook("preParsing", async (request: any, reply: any, payload: Readable) => {
     const target: string = request.raw.url ?? "/";
@@ -45,8 +49,7 @@ export function idempotencyPlugin(fastify: any, options: FastifyIdempotencyOptio
     const answered = new Promise<Answer>((resolve) => (settle = resolve));
     const pending: Pending = { settle, done: Promise.resolve(undefined) };
     const run = handle(
-      client,
-      routes,
+      middleware,
       {
         method: request.method,
         path: target.split("?", 1)[0]!,
@@ -56,7 +59,7 @@ export function idempotencyPlugin(fastify: any, options: FastifyIdempotencyOptio
           return Array.isArray(value) ? value[0] : value;
         },
       },
-      (limit) => readStream(payload, limit),
+      (limit) => readRequestBody(request.raw, payload, limit),
       (body, context: HandlerContext) => {
         request.idemd = context;
         request[PENDING] = pending;

@@ -7,22 +7,24 @@
  *
  * The body is read once (up to `maxRequestBytes`, else 413) and the handler gets a Request
  * with the same bytes; its Response is buffered, stored and returned. A handler that throws
- * leaves the key UNKNOWN (released for a NoSideEffectError) and the error propagates.
+ * leaves the key UNKNOWN (released for a NoSideEffectError) and the error propagates. A Request
+ * whose body was already read (`bodyUsed`, or its stream locked by a reader) is answered 500
+ * `middleware_order` (logged once) without claiming the key.
  */
 import type { IdemdClient } from "./client";
 import type { HandlerContext, HeaderList } from "./executor";
-import { handle, Routes, type IdempotencyOptions } from "./http";
+import { BODY_READ_BEFORE, handle, Middleware, type IdempotencyOptions } from "./http";
 
 /** A Web-standard handler; `idemd` is set when the request was claimed (for `downstreamKey`). */
 export type FetchHandler = (request: Request, idemd?: HandlerContext) => Response | Promise<Response>;
 
 export function withIdempotency(client: IdemdClient, options: IdempotencyOptions, handler: FetchHandler) {
-  const routes = new Routes(options);
+  const middleware = new Middleware(client, options,
+    "pass the Request to withIdempotency's wrapper before anything reads its body (request.json(), text(), arrayBuffer(), formData() or a reader of request.body)");
   return async (request: Request): Promise<Response> => {
     const url = new URL(request.url);
     const outcome = await handle(
-      client,
-      routes,
+      middleware,
       {
         method: request.method,
         path: url.pathname,
@@ -30,6 +32,11 @@ export function withIdempotency(client: IdemdClient, options: IdempotencyOptions
         header: (name) => request.headers.get(name) ?? undefined,
       },
       async (limit) => {
+        // A Request without a body (body null) is never bodyUsed; one with Content-Length 0 lost
+        // nothing when it was read (as in node-http.ts's readRequestBody).
+        if (request.bodyUsed || request.body?.locked) {
+          return request.headers.get("content-length") === "0" ? Buffer.alloc(0) : BODY_READ_BEFORE;
+        }
         const declared = Number(request.headers.get("content-length") ?? NaN);
         if (declared > limit) return null;
         const body = Buffer.from(await request.arrayBuffer());

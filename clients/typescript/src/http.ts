@@ -8,7 +8,7 @@
  */
 import type { IdemdClient } from "./client";
 import { InProgressError, KeyReuseError, NoSideEffectError, OutcomePendingError, RpcError } from "./errors";
-import type { HandlerContext, HeaderList, HttpResponse } from "./executor";
+import { FailWithReason, failureText, type HandlerContext, type HeaderList, type HttpResponse } from "./executor";
 
 /**
  * One route, as in `idemd proxy`'s routes file (snake_case names of the file are accepted
@@ -39,6 +39,19 @@ export interface RouteOptions {
   /** Record TTL and lease (ms, or `"30s"`); default: the endpoint's policy. */
   ttl?: number | string;
   lease?: number | string;
+  /**
+   * Development only: a 409 `outcome_pending` carries the stored Fail reason (`reason`), which
+   * holds the handler's error text. Default false: the caller learns the key's state, never
+   * what the handler said (internal names, SQL, secrets). Warned about when the middleware is
+   * created.
+   */
+  exposeFailureReason?: boolean;
+}
+
+/** Where the middleware logs: `console` unless given (Fastify's plugin: `fastify.log`). */
+export interface Logger {
+  error(message: string): void;
+  warn(message: string): void;
 }
 
 /** Options of every middleware: routes like `idemd proxy`'s routes file. */
@@ -48,6 +61,8 @@ export interface IdempotencyOptions {
   defaults?: RouteOptions | Record<string, unknown>;
   /** Route-file fields to drop silently (e.g. the proxy's `upstream_timeout`). */
   ignoreSettings?: string[];
+  /** Default `console` (the Fastify plugin: `fastify.log`). */
+  logger?: Logger;
 }
 
 /** A route's settings with every default filled in. */
@@ -63,6 +78,7 @@ export interface Settings {
   fingerprint: "server" | "local";
   ttlMs: number | undefined;
   leaseMs: number | undefined;
+  exposeFailureReason: boolean;
 }
 
 /** What describes a response's body and the resource it created; never cookies. */
@@ -78,10 +94,11 @@ const SNAKE: Record<string, keyof RouteOptions> = {
   on_5xx: "on5xx",
   ignore_fields: "ignoreFields",
   store_headers: "storeHeaders",
+  expose_failure_reason: "exposeFailureReason",
 };
 const KNOWN = new Set<string>([
   "path", "methods", "key", "maxRequestBytes", "maxResponseBytes", "maxWait", "on5xx",
-  "ignoreFields", "storeHeaders", "fingerprint", "ttl", "lease",
+  "ignoreFields", "storeHeaders", "fingerprint", "ttl", "lease", "exposeFailureReason",
 ]);
 
 function normalize(value: Record<string, unknown>, ignore: Set<string>, where: string): RouteOptions {
@@ -114,6 +131,7 @@ const BASE: RouteOptions = {
   ignoreFields: [],
   storeHeaders: DEFAULT_STORE_HEADERS,
   fingerprint: "server",
+  exposeFailureReason: false,
 };
 
 function settle(route: RouteOptions, base: RouteOptions, where: string): [RouteOptions, Settings] {
@@ -129,6 +147,9 @@ function settle(route: RouteOptions, base: RouteOptions, where: string): [RouteO
   }
   if (merged.fingerprint !== "server" && merged.fingerprint !== "local") {
     throw new TypeError(`${where}.fingerprint: ${JSON.stringify(merged.fingerprint)} must be "server" or "local"`);
+  }
+  if (typeof merged.exposeFailureReason !== "boolean") {
+    throw new TypeError(`${where}.expose_failure_reason: ${JSON.stringify(merged.exposeFailureReason)} must be true or false`);
   }
   for (const name of ["maxRequestBytes", "maxResponseBytes"] as const) {
     const v = merged[name];
@@ -150,6 +171,7 @@ function settle(route: RouteOptions, base: RouteOptions, where: string): [RouteO
       fingerprint: merged.fingerprint,
       ttlMs: millis(merged.ttl, `${where}.ttl`),
       leaseMs: millis(merged.lease, `${where}.lease`),
+      exposeFailureReason: merged.exposeFailureReason,
     },
   ];
 }
@@ -165,6 +187,8 @@ interface CompiledRoute {
 export class Routes {
   private readonly routes: CompiledRoute[] = [];
   private readonly defaults: Settings;
+  /** Whether any route (or the defaults) sets expose_failure_reason. */
+  readonly exposeFailureReason: boolean;
 
   constructor(options: IdempotencyOptions = {}) {
     const ignore = new Set(options.ignoreSettings ?? []);
@@ -177,6 +201,7 @@ export class Routes {
       const [segments, rest] = pattern(template, `${where}.path`);
       this.routes.push({ template, segments, rest, settings: settle(route, base, where)[1] });
     });
+    this.exposeFailureReason = [defaults, ...this.routes.map((r) => r.settings)].some((s) => s.exposeFailureReason);
   }
 
   /** The endpoint (`METHOD template`) and settings of a request. */
@@ -288,7 +313,7 @@ const HTTP_OF_CODE: Record<string, number> = {
 };
 
 /** The answer to an executor refusal raised before the app ran. */
-function refused(error: unknown): Answer {
+function refused(error: unknown, settings: Settings): Answer {
   if (error instanceof InProgressError) {
     return problem(409, "request_in_progress",
       "a request with this Idempotency-Key is in progress; retry after Retry-After", {}, error.retryAfterMs);
@@ -300,7 +325,8 @@ function refused(error: unknown): Answer {
   if (error instanceof OutcomePendingError) {
     return problem(409, "outcome_pending",
       "the outcome of the first request with this Idempotency-Key is not known; it is waiting for an operator's decision",
-      { state: `STATE_${error.state}`, reason: error.reason });
+      // The reason holds the handler's error text: for operators (Lookup), not for the caller.
+      settings.exposeFailureReason ? { state: `STATE_${error.state}`, reason: error.reason } : { state: `STATE_${error.state}` });
   }
   if (error instanceof RpcError) {
     return problem(HTTP_OF_CODE[error.codeName] ?? 500, error.codeName.toLowerCase(), error.details, { grpc_code: error.codeName });
@@ -315,8 +341,11 @@ class Released extends NoSideEffectError {
   }
 }
 
-/** An answer that is not stored (over max_response_bytes, or the app failed): the key is UNKNOWN. */
-class Unstorable extends Error {
+/**
+ * An answer that is not stored (over max_response_bytes, or the app failed): the key is UNKNOWN
+ * with `reason` as the Fail reason (the app's own `<Kind>: <message>`, never this class's name).
+ */
+class Unstorable extends FailWithReason {
   constructor(readonly answer: Answer, reason: string) {
     super(reason);
   }
@@ -325,7 +354,46 @@ class Unstorable extends Error {
 /** A failure the framework reported after answering its own error page. */
 export class AppFailed extends Error {
   constructor(readonly answer: Answer, readonly error: unknown) {
-    super(error instanceof Error ? `${error.name}: ${error.message}` : String(error));
+    super(failureText(error));
+  }
+}
+
+/**
+ * What a middleware's `readBody` found when something mounted before it had already read (or
+ * started reading) the request's body: the bytes are gone, so the key must not be claimed.
+ */
+export const BODY_READ_BEFORE = Symbol("idemd.bodyReadBefore");
+
+/** One middleware instance (one `idempotency(...)`, plugin registration or wrapper): its log. */
+export class Middleware {
+  readonly routes: Routes;
+  private orderLogged = false;
+
+  /** `mountHint` says, in the framework's terms, where the middleware belongs. */
+  constructor(
+    readonly client: IdemdClient,
+    options: IdempotencyOptions,
+    private readonly mountHint: string,
+    private readonly log: Logger = options.logger ?? console,
+  ) {
+    this.routes = new Routes(options);
+    if (this.routes.exposeFailureReason) {
+      log.warn("idemd: expose_failure_reason is set: a 409 outcome_pending carries the handler's error text; for development only");
+    }
+  }
+
+  /**
+   * The 500 `middleware_order` answer to a request whose body was read before the middleware
+   * saw it: at once, key unclaimed, app not run. A mistake of the app's wiring, not of the
+   * request, so it is logged once per instance rather than once per request.
+   */
+  misordered(endpoint: string): Answer {
+    const detail = `the request body was read before the idempotency middleware saw it; ${this.mountHint}`;
+    if (!this.orderLogged) {
+      this.orderLogged = true;
+      this.log.error(`idemd: ${endpoint}: ${detail} (answering 500 middleware_order, key not claimed)`);
+    }
+    return problem(500, "middleware_order", detail);
   }
 }
 
@@ -346,20 +414,20 @@ export type Outcome =
   | { kind: "answer"; answer: Answer };
 
 /**
- * Runs one request: `readBody(limit)` (null when over the limit) is called once, `runApp` runs
+ * Runs one request: `readBody(limit)` (null when over the limit, {@link BODY_READ_BEFORE} when
+ * something before the middleware consumed the body) is called at most once, `runApp` runs
  * the app on that body at most once per key and resolves with its buffered answer (or rejects:
  * a NoSideEffectError releases the key, {@link AppFailed} or anything else leaves it UNKNOWN
  * and is rethrown, unless the framework already answered, which is then returned).
  */
 export async function handle(
-  client: IdemdClient,
-  routes: Routes,
+  middleware: Middleware,
   incoming: Incoming,
-  readBody: (limit: number) => Promise<Buffer | null>,
+  readBody: (limit: number) => Promise<Buffer | null | typeof BODY_READ_BEFORE>,
   runApp: (body: Buffer, context: HandlerContext) => Promise<Answer>,
 ): Promise<Outcome> {
   const method = incoming.method.toUpperCase();
-  const [endpoint, settings] = routes.find(method, incoming.path);
+  const [endpoint, settings] = middleware.routes.find(method, incoming.path);
   if (!settings.methods.has(method)) return { kind: "pass" };
   const value = incoming.header("idempotency-key");
   if (value === undefined) {
@@ -373,12 +441,13 @@ export async function handle(
     return answer(problem(400, "idempotency_key_malformed", `Idempotency-Key ${(e as Error).message}`, { field: "Idempotency-Key" }));
   }
   const body = await readBody(settings.maxRequestBytes);
+  if (body === BODY_READ_BEFORE) return answer(middleware.misordered(endpoint));
   if (body === null) {
     return answer(problem(413, "request_too_large", `request body exceeds ${settings.maxRequestBytes} bytes`));
   }
   let fresh: Answer | undefined;
   try {
-    const result = await client.executeOnce({
+    const result = await middleware.client.executeOnce({
       endpoint,
       key,
       request: {
@@ -399,7 +468,7 @@ export async function handle(
         } catch (error) {
           if (error instanceof AppFailed) {
             if (error.error instanceof NoSideEffectError) throw new Released(error.answer);
-            throw new Unstorable(error.answer, `handler failed: ${error.message}`);
+            throw new Unstorable(error.answer, error.message);
           }
           throw error;
         }
@@ -426,7 +495,7 @@ export async function handle(
       return answer(fresh);
     }
     if (error instanceof InProgressError || error instanceof KeyReuseError || error instanceof OutcomePendingError || error instanceof RpcError) {
-      return answer(refused(error));
+      return answer(refused(error, settings));
     }
     throw error;
   }

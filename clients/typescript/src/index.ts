@@ -39,7 +39,7 @@ export { status as GrpcStatus } from "@grpc/grpc-js";
 /** The generated message types and service definition of idemd.v1. */
 export * as v1 from "./gen/idemd/v1/idempotency";
 export { parseKey, Routes, DEFAULT_STORE_HEADERS } from "./http";
-export type { Answer, IdempotencyOptions, RouteOptions } from "./http";
+export type { Answer, IdempotencyOptions, Logger, RouteOptions } from "./http";
 export { idempotency, idempotencyErrors } from "./express";
 export { idempotencyPlugin } from "./fastify";
 export type { FastifyIdempotencyOptions } from "./fastify";

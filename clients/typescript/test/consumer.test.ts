@@ -4,7 +4,7 @@
  * "Consumer project").
  *
  * The "checkout" the tarball is packed from is a copy of exactly the files git would ship for
- * clients/typescript, proto and scripts (tracked, plus untracked and not ignored: what the build
+ * clients/typescript and proto (tracked, plus untracked and not ignored: what the build
  * needs), so stubs or a dist/ that exist here but are git-ignored cannot hide a packaging defect
  * such as a tarball without its compiled JavaScript. The Install block's commands run as written,
  * with the two placeholder paths replaced, in a shell without this npm run's npm_* variables.
@@ -27,8 +27,11 @@ const exec = promisify(execFile);
 /** The Install block's placeholders: the checkout, and the user's project. */
 const CHECKOUT = "/path/to/idemd";
 const PROJECT = "/path/to/your-project";
-/** What git ships and the build reads: the SDK, the proto, scripts/protoc.sh. */
-const SHIPPED = ["clients/typescript", "proto", "scripts"];
+/**
+ * What git ships and the build reads: the SDK and the proto. Not the repository's scripts/: its
+ * protoc.sh needs Maven, which a TypeScript user need not have (buf comes from npm).
+ */
+const SHIPPED = ["clients/typescript", "proto"];
 
 const manifest = JSON.parse(readFileSync(path.join(sdkRoot, "package.json"), "utf8")) as { name: string; version: string };
 /** `npm pack`'s file name: "@idemd/client" 0.1.0 → idemd-client-0.1.0.tgz. */

@@ -94,7 +94,7 @@ describe("executor and client against a live idemd", () => {
     assert.equal(after.record?.attempt, 1);
   });
 
-  test("an ambiguous failure is recorded as UNKNOWN with the error text as reason", async () => {
+  test("an ambiguous failure is recorded as UNKNOWN with `<Kind>: <message>` as reason", async () => {
     const key = randomUUID();
     const failure = new Error("gateway timeout from the provider");
     await assert.rejects(
@@ -103,13 +103,13 @@ describe("executor and client against a live idemd", () => {
     );
     const looked = await client.lookup({ endpoint: ENDPOINT, key });
     assert.equal(looked.record?.state, v1.State.STATE_UNKNOWN);
-    assert.equal(looked.record?.reason, failure.message);
+    assert.equal(looked.record?.reason, `Error: ${failure.message}`);
     await assert.rejects(
       client.executeOnce({ endpoint: ENDPOINT, key, request: PAYMENT, handler: () => assert.fail("re-executed") }),
       (err) =>
         err instanceof OutcomePendingError &&
         err.state === "UNKNOWN" &&
-        err.reason === failure.message &&
+        err.reason === `Error: ${failure.message}` &&
         err.httpStatus === 409 &&
         err.errorCode === "outcome_pending",
     );
@@ -117,6 +117,20 @@ describe("executor and client against a live idemd", () => {
     await client.reconcile({ endpoint: ENDPOINT, key, committed: { status: 201, body: Buffer.from("reconciled") } });
     const replay = await client.executeOnce({ endpoint: ENDPOINT, key, request: PAYMENT, handler: () => assert.fail("ran") });
     assert.deepEqual([replay.replayed, replay.response.body.toString()], [true, "reconciled"]);
+  });
+
+  test("the reason names the error's kind, `thrown` for a non-Error, and is cut to 1024 bytes on a character boundary", async () => {
+    const reasonOf = async (thrown: unknown): Promise<string | undefined> => {
+      const key = randomUUID();
+      await assert.rejects(client.executeOnce({ endpoint: ENDPOINT, key, request: PAYMENT, handler: () => { throw thrown; } }));
+      return (await client.lookup({ endpoint: ENDPOINT, key })).record?.reason;
+    };
+    assert.equal(await reasonOf(new RangeError("amount out of range")), "RangeError: amount out of range");
+    assert.equal(await reasonOf("boom"), "thrown: boom");
+    // "Error: x" (8 bytes), then 3-byte characters: byte 1024 falls inside the 339th, which goes.
+    const reason = (await reasonOf(new Error(`x${"€".repeat(400)}`)))!;
+    assert.equal(reason, `Error: x${"€".repeat(338)}`);
+    assert.equal(Buffer.byteLength(reason), 1022);
   });
 
   test("a NoSideEffectError subclass releases the key", async () => {

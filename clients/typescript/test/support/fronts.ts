@@ -18,11 +18,14 @@ import {
 } from "../../src";
 import { answerOf, AppState, ROUTE_OPTIONS, SLOW_MS } from "./http-scenarios";
 
+/** What the app throws for /crash/ and /crash-exposed/ (http-scenarios.md). */
+export const CRASH_MESSAGE = "boom: secret-4711";
+
 /** The app's behaviour by path (http-scenarios.md): throws for /crash/ and /norun/. */
 async function behave(state: AppState, path: string, body: Buffer, idemd: HandlerContext | undefined) {
   const execution = state.count(path);
   if (path.includes("/slow/")) await sleep(SLOW_MS);
-  if (path.startsWith("/crash/")) throw new Error("the charge timed out: outcome unknown");
+  if (path.startsWith("/crash/") || path.startsWith("/crash-exposed/")) throw new Error(CRASH_MESSAGE);
   if (path.startsWith("/norun/")) throw new NoSideEffectError("card rejected before charging");
   const answer = answerOf(path, execution, body);
   if (idemd) answer.headers.push(["x-downstream-key", idemd.downstreamKey("charge")]);
@@ -88,8 +91,14 @@ export async function fetchFront(client: IdemdClient | undefined): Promise<Front
     return new Response(answer.body, { status: answer.status, headers });
   };
   const handler = client ? withIdempotency(client, ROUTE_OPTIONS, app) : (r: Request) => app(r);
-  // A plain Node server turns IncomingMessage into a Web Request and back, as Hono's and
-  // Next.js's Node adapters do; an exception is a 500.
+  return { ...(await serveFetch(handler)), state };
+}
+
+/**
+ * A plain Node server in front of a Web handler: it turns IncomingMessage into a Web Request and
+ * back, as Hono's and Next.js's Node adapters do; an exception is a 500.
+ */
+export async function serveFetch(handler: (request: Request) => Promise<Response>): Promise<{ port: number; close: () => Promise<void> }> {
   const server = http.createServer(async (req, res) => {
     const chunks: Buffer[] = [];
     for await (const chunk of req) chunks.push(chunk as Buffer);
@@ -120,7 +129,13 @@ export async function fetchFront(client: IdemdClient | undefined): Promise<Front
     }
   });
   const port = await listen(server);
-  return { port, state, close: () => new Promise((resolve) => server.close(() => resolve())) };
+  return {
+    port,
+    close: () => {
+      server.closeAllConnections(); // a request a broken front never answered must not hold the close
+      return new Promise((resolve) => server.close(() => resolve()));
+    },
+  };
 }
 
 export const FRONTS = { express: expressFront, fastify: fastifyFront, fetch: fetchFront };

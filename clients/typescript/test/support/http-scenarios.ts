@@ -67,8 +67,11 @@ export interface Reply {
   body: Buffer;
 }
 
-/** One request; undefined when the connection closed without an answer. */
-export function send(port: number, request: Json, prefix: string): Promise<Reply | undefined> {
+/**
+ * One request; undefined when the connection closed without an answer, or none came within
+ * `timeoutMs` (then the request is abandoned).
+ */
+export function send(port: number, request: Json, prefix: string, timeoutMs?: number): Promise<Reply | undefined> {
   return new Promise((resolve) => {
     const headers: Record<string, string> = {};
     for (const [name, value] of (request.headers ?? []) as Array<[string, string]>) {
@@ -83,6 +86,7 @@ export function send(port: number, request: Json, prefix: string): Promise<Reply
       res.on("error", () => resolve(undefined));
     });
     req.on("error", () => resolve(undefined));
+    if (timeoutMs !== undefined) req.setTimeout(timeoutMs, () => req.destroy());
     req.end(body);
   });
 }
@@ -109,6 +113,12 @@ function check(at: string, expect: Json, reply: Reply | undefined, saved: Map<st
   if (expect.retry_after) assert.ok(header(reply, "retry-after"), `${at}: Retry-After`);
   if ("body" in expect) assert.equal(reply.body.toString(), expect.body, `${at}: body`);
   if ("body_length" in expect) assert.equal(reply.body.length, expect.body_length, `${at}: body length`);
+  for (const text of (expect.body_includes ?? []) as string[]) {
+    assert.ok(reply.body.includes(text), `${at}: body lacks ${JSON.stringify(text)}: ${reply.body.toString().slice(0, 300)}`);
+  }
+  for (const text of (expect.body_excludes ?? []) as string[]) {
+    assert.ok(!reply.body.includes(text), `${at}: body has ${JSON.stringify(text)}: ${reply.body.toString().slice(0, 300)}`);
+  }
   if ("body_same_as" in expect) assert.ok(reply.body.equals(saved.get(expect.body_same_as)!), `${at}: body differs from ${expect.body_same_as}'s`);
 }
 
