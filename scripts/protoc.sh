@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Prints the path of a protoc binary, fetching it from Maven Central on first
 # use (com.google.protobuf:protoc, a native executable shipped as a Maven
-# artifact) into .cache/protoc/. For SDK builds that need protoc (Go,
-# TypeScript); the Rust build uses its own vendored protoc, Python uses
+# artifact) into .cache/protoc/. For SDK builds that need protoc (Go;
+# TypeScript generates with buf from npm); the Rust build uses its own vendored protoc, Python uses
 # grpcio-tools and Java the protobuf Maven plugin.
 #
 #   PROTOC=$(scripts/protoc.sh)
