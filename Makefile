@@ -11,7 +11,7 @@ IDEMD_BIN ?= $(TARGET_DIR)/debug/idemd
 IDEMD_TEST_CERTS ?= $(TARGET_DIR)/test-certs
 SDKS := python go typescript java
 
-.PHONY: all build release test fmt-check clippy cargo-test cql-test cql-scale cql-scale-smoke observability-test helm-test sdk-test $(addprefix sdk-,$(SDKS)) test-certs fuzz-smoke deny bench bench-proxy bench-startup bench-smoke bench-soak faults faults-smoke run clean
+.PHONY: all build release test fmt-check clippy cargo-test cql-test cql-scale cql-scale-smoke observability-test helm-test sdk-test $(addprefix sdk-,$(SDKS)) test-certs fuzz-smoke deny bench bench-middleware bench-proxy bench-startup bench-smoke bench-soak faults faults-smoke run clean
 
 all: build
 
@@ -145,6 +145,14 @@ bench-startup:
 bench-proxy:
 	$(CARGO) build --release -p idemd -p idemd-bench
 	CARGO_TARGET_DIR=$(TARGET_DIR) bench/scripts/proxy.sh $(PROXY_BENCH_DURATION)
+
+## bench-middleware: what each SDK's HTTP middleware costs: per framework the
+## same app without and with it, fresh keys and replays at 1 and 64 in flight,
+## with wrk (installed from Debian) against a release idemd
+## (bench/scripts/middleware.sh; FRAMEWORKS="nethttp express" for a subset).
+bench-middleware:
+	$(CARGO) build --release -p idemd
+	IDEMD_BIN=$(TARGET_DIR)/release/idemd bench/scripts/middleware.sh
 
 ## bench-smoke: builds the bench and runs a few seconds of idemd-embedded and
 ## the no-op server (fresh, conflict) and a short one-in-flight phase through

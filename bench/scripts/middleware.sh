@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# What each SDK's HTTP middleware costs (issue 37): per framework, the same
+# app (`POST /pay` answering 201 with a small JSON body) without and with
+# the middleware, against a release idemd on the embedded store, driven by
+# wrk (a load generator nobody here wrote; Debian's package) with a fresh
+# Idempotency-Key per request, and with replays of 64 completed keys; at 1
+# and at 64 requests in flight. Prints and writes a markdown table with
+# requests/s, p50, p99 and p999 (wrk's own summary stops at p99: the
+# figures come from bench/middleware/keys.lua).
+#
+#   bench/scripts/middleware.sh                       # every framework
+#   FRAMEWORKS="nethttp express" DURATION=5s bench/scripts/middleware.sh
+#
+# Placement, as in `idemd-bench peers`: idemd and the app on core 0, wrk
+# on core 1 (2 cores here). Each app is started once per variant and warmed
+# up (WARMUP at 64 in flight) before its measured windows: a user's server
+# is long-running, and the JVM compiles its hot paths in the first seconds.
+# The apps and how each is built are in clients/<sdk>/bench/README.md; this
+# script builds them the same way.
+#
+# idemd runs with `--claim-rate 0 --max-in-flight 0`: the per-tenant rate
+# limit and load shedding would otherwise answer part of the 64-in-flight
+# runs with 429/503 (the bench measures the middleware, not the limits).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+DURATION=${DURATION:-10s}
+WARMUP=${WARMUP:-3s}
+FRAMEWORKS=${FRAMEWORKS:-"fastapi flask express fastify web nethttp spring"}
+out_dir=${OUT_DIR:-$root/bench/results}
+
+if ! command -v wrk >/dev/null 2>&1; then
+    echo "middleware.sh: installing Debian's wrk package..." >&2
+    [[ $EUID -eq 0 ]] || { echo "middleware.sh: need root for apt-get (or install wrk)" >&2; exit 1; }
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >&2
+fi
+
+if [[ -z "${IDEMD_BIN:-}" ]]; then
+    echo "middleware.sh: building a release idemd..." >&2
+    (cd "$root" && cargo build --release -q -p idemd)
+    IDEMD_BIN="$(cd "$root" && cargo metadata --format-version 1 --no-deps |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/idemd"
+fi
+
+work="$(mktemp -d /tmp/idemd-middleware-bench.XXXXXX)"
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() {
+    python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'
+}
+
+# The SDK a framework belongs to, and the command that starts its app
+# (clients/<sdk>/bench/README.md).
+sdk_of() {
+    case "$1" in
+        fastapi | flask) echo python ;;
+        express | fastify | web) echo typescript ;;
+        nethttp) echo go ;;
+        spring | jetty) echo java ;;
+        *) echo "middleware.sh: unknown framework $1" >&2; exit 2 ;;
+    esac
+}
+
+# Builds (or installs) an SDK's bench apps once.
+declare -A prepared=()
+prepare() {
+    local sdk=$1
+    [[ -n "${prepared[$sdk]:-}" ]] && return 0
+    echo "middleware.sh: preparing the $sdk apps..." >&2
+    case "$sdk" in
+        python) "$root/clients/python/bench/prepare.sh" >&2 ;;
+        typescript) "$root/clients/typescript/bench/prepare.sh" >&2 ;;
+        go) "$root/clients/go/bench/prepare.sh" >&2 ;;
+        java) "$root/clients/java/bench/prepare.sh" >&2 ;;
+    esac
+    prepared[$sdk]=1
+}
+
+# Starts the app of framework $1 with the middleware $2 (on|off); sets
+# app_pid and app_port.
+start_app() {
+    local framework=$1 middleware=$2 sdk
+    sdk=$(sdk_of "$framework")
+    local log="$work/$framework-$middleware.log"
+    taskset -c 0 "$root/clients/$sdk/bench/run.sh" --framework "$framework" \
+        --middleware "$middleware" --port 0 --idemd "127.0.0.1:$idemd_port" >"$log" 2>&1 &
+    app_pid=$!
+    pids+=("$app_pid")
+    app_port=""
+    for _ in $(seq 1 600); do
+        app_port=$(sed -n 's/^listening on \([0-9][0-9]*\)$/\1/p' "$log" | head -n 1)
+        [[ -n "$app_port" ]] && return 0
+        kill -0 "$app_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "middleware.sh: the $framework app (middleware $middleware) did not start:" >&2
+    tail -n 30 "$log" >&2
+    exit 1
+}
+
+stop_app() {
+    kill "$app_pid" 2>/dev/null || true
+    wait "$app_pid" 2>/dev/null || true
+}
+
+# wrk against the app: $1 connections (= requests in flight), $2 duration,
+# $3 fresh|replay, $4 run id. Prints the RESULT JSON.
+load() {
+    taskset -c 1 wrk -t 1 -c "$1" -d "$2" --timeout 10s -s "$root/bench/middleware/keys.lua" \
+        "http://127.0.0.1:$app_port" -- "$3" "$4" | sed -n 's/^RESULT //p'
+}
+
+rows=()
+row() {  # framework variant in_flight json
+    local line
+    line=$(python3 -c '
+import json,sys
+r=json.loads(sys.argv[4])
+print(f"| {sys.argv[1]} | {sys.argv[2]} | {sys.argv[3]} | {r[\"per_s\"]:,.0f} | {r[\"p50_ms\"]:.2f} | {r[\"p99_ms\"]:.2f} | {r[\"p999_ms\"]:.2f} | {r[\"socket_errors\"]} / {r[\"non_2xx\"]} |")
+' "$@")
+    rows+=("$line")
+    echo "$line"
+}
+added=()
+
+idemd_port=$(free_port)
+taskset -c 0 "$IDEMD_BIN" --listen "127.0.0.1:$idemd_port" --data-dir "$work/idemd" \
+    --http-listen off --metrics-listen off --claim-rate 0 --max-in-flight 0 \
+    >"$work/idemd.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$idemd_port") 2>/dev/null && break
+    sleep 0.1
+done
+
+echo "| framework | variant | in flight | requests/s | p50 ms | p99 ms | p999 ms | socket errors / non-2xx |"
+echo "|---|---|---|---|---|---|---|---|"
+for framework in $FRAMEWORKS; do
+    prepare "$(sdk_of "$framework")"
+    run="$framework-$RANDOM$RANDOM"
+
+    start_app "$framework" off
+    load 64 "$WARMUP" fresh "$run-warm0" >/dev/null
+    without=$(load 1 "$DURATION" fresh "$run-w1")
+    row "$framework" "without" 1 "$without"
+    row "$framework" "without" 64 "$(load 64 "$DURATION" fresh "$run-w64")"
+    stop_app
+
+    start_app "$framework" on
+    load 64 "$WARMUP" fresh "$run-warm1" >/dev/null
+    fresh=$(load 1 "$DURATION" fresh "$run-f1")
+    row "$framework" "fresh key" 1 "$fresh"
+    row "$framework" "fresh key" 64 "$(load 64 "$DURATION" fresh "$run-f64")"
+    # One request at a time completes the 64 keys the replays use.
+    load 1 1s replay "$run-r" >/dev/null
+    row "$framework" "replay" 1 "$(load 1 "$DURATION" replay "$run-r")"
+    row "$framework" "replay" 64 "$(load 64 "$DURATION" replay "$run-r")"
+    stop_app
+
+    added+=("$(python3 -c '
+import json,sys
+w=json.loads(sys.argv[2]); f=json.loads(sys.argv[3])
+print(f"{sys.argv[1]} +{f[\"p50_ms\"]-w[\"p50_ms\"]:.2f} ms")
+' "$framework" "$without" "$fresh")")
+done
+
+echo
+echo "p50 a fresh key adds at 1 in flight: ${added[*]}"
+
+mkdir -p "$out_dir"
+stamp=$(date -u +%Y-%m-%dT%H-%M-%SZ)
+{
+    echo "# Middleware load bench $stamp"
+    echo
+    echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), Linux $(uname -r)."
+    echo "idemd: $("$IDEMD_BIN" --version) (release, embedded store, \`--claim-rate 0 --max-in-flight 0\`); wrk $(wrk -v 2>&1 | head -n 1 | awk '{print $2}'), one thread; ${DURATION} per cell after ${WARMUP} of warm-up at 64 in flight; idemd and the app on core 0, wrk on core 1."
+    echo
+    echo "| framework | variant | in flight | requests/s | p50 ms | p99 ms | p999 ms | socket errors / non-2xx |"
+    echo "|---|---|---|---|---|---|---|---|"
+    printf '%s\n' "${rows[@]}"
+    echo
+    echo "p50 a fresh key adds at 1 in flight: ${added[*]}"
+} >"$out_dir/$stamp-middleware.md"
+echo "middleware.sh: wrote bench/results/$stamp-middleware.md"
