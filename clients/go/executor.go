@@ -305,27 +305,31 @@ func (c *Client) fail(ctx context.Context, claim *idemdv1.ClaimRequest, token st
 
 // keepLease extends the lease at half its length while the handler runs. If
 // the lease is lost, it cancels the handler's context with ErrLeaseLost. The
-// returned function stops it and waits for it to finish. Without WithLease,
-// the lease is what the server granted (lease_expires_at - now).
+// returned function stops it and waits for an extension under way. Without
+// WithLease, the lease is what the server granted (lease_expires_at - now).
+//
+// The first extension is a timer, not a goroutine waiting on one: most
+// handlers return long before half a lease, and then stop only cancels the
+// timer. A goroutine per call cost every request its start and, in stop, a
+// handoff to it and back (a scheduler wake-up on the request's path).
 func (c *Client) keepLease(ctx context.Context, cancel context.CancelCauseFunc, claim *idemdv1.ClaimRequest,
 	token string, lease time.Duration, o *executeOptions) (stop func()) {
 	if lease <= 2*minLeaseTick {
 		return func() {}
 	}
+	interval := lease / 2
 	done := make(chan struct{})
 	finished := make(chan struct{})
-	go func() {
+	first := time.AfterFunc(interval, func() {
 		defer close(finished)
-		interval := lease / 2
-		timer := time.NewTimer(interval)
-		defer timer.Stop()
+		var next *time.Timer
 		for {
 			// Extend until the handler returns, even if the caller gave up:
 			// a handler that ignores cancellation still holds the key.
 			select {
 			case <-done:
 				return
-			case <-timer.C:
+			default:
 			}
 			callCtx, cancelCall := context.WithTimeout(context.WithoutCancel(ctx), interval)
 			_, err := c.ExtendLease(callCtx, &idemdv1.ExtendLeaseRequest{
@@ -333,21 +337,34 @@ func (c *Client) keepLease(ctx context.Context, cancel context.CancelCauseFunc, 
 				Lease: durationpb.New(lease),
 			})
 			cancelCall()
+			pause := interval
 			switch code := status.Code(err); {
 			case err == nil:
-				timer.Reset(interval)
 			case code == codes.FailedPrecondition || code == codes.NotFound:
 				cancel(ErrLeaseLost)
 				return
 			default:
 				// Transient: try again sooner, while the lease still holds.
-				timer.Reset(max(interval/4, minLeaseTick))
+				pause = max(interval/4, minLeaseTick)
+			}
+			if next == nil {
+				next = time.NewTimer(pause)
+				defer next.Stop()
+			} else {
+				next.Reset(pause)
+			}
+			select {
+			case <-done:
+				return
+			case <-next.C:
 			}
 		}
-	}()
+	})
 	return func() {
 		close(done)
-		<-finished
+		if !first.Stop() {
+			<-finished // it fired: wait for the extension loop to see done
+		}
 	}
 }
 

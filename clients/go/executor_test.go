@@ -103,6 +103,59 @@ func TestLeaseIsExtendedWhileTheHandlerRuns(t *testing.T) {
 	}
 }
 
+// extendLeaseCounter counts the client's ExtendLease calls and answers the
+// ones from number failFrom on with FAILED_PRECONDITION (the lease was lost),
+// without sending them (failFrom 0: never).
+func extendLeaseCounter(calls *atomic.Int32, failFrom int32) idemd.Option {
+	return idemd.WithDialOptions(grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
+		cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if strings.HasSuffix(method, "/ExtendLease") {
+			if n := calls.Add(1); failFrom > 0 && n >= failFrom {
+				return status.Error(codes.FailedPrecondition, "lease lost (test)")
+			}
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}))
+}
+
+// The lease keeper goes on extending after the first extension, and a lost
+// lease cancels the handler's context with ErrLeaseLost.
+func TestLostLeaseCancelsTheHandler(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	c := newClient(t, extendLeaseCounter(&calls, 2))
+	var cause error
+	_, _ = c.ExecuteOnce(context.Background(), paymentsEndpoint, newKey(t), payment, func(ctx context.Context, _ idemd.Execution) (*idemd.Response, error) {
+		select {
+		case <-ctx.Done():
+			cause = context.Cause(ctx)
+		case <-time.After(5 * time.Second):
+		}
+		return nil, idemd.NoSideEffect(errors.New("stopped"))
+	}, idemd.WithLease(200*time.Millisecond))
+	if !errors.Is(cause, idemd.ErrLeaseLost) || calls.Load() != 2 {
+		t.Errorf("handler context ended with %v after %d ExtendLease calls; want ErrLeaseLost after 2", cause, calls.Load())
+	}
+}
+
+// A handler that returns within half its lease costs no ExtendLease, and none
+// comes after it returned.
+func TestNoLeaseExtensionAfterAQuickHandler(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	c := newClient(t, extendLeaseCounter(&calls, 0))
+	_, err := c.ExecuteOnce(context.Background(), paymentsEndpoint, newKey(t), payment, func(context.Context, idemd.Execution) (*idemd.Response, error) {
+		return created(`{"id":"pay_quick"}`), nil
+	}, idemd.WithLease(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // past the first extension's time
+	if n := calls.Load(); n != 0 {
+		t.Errorf("%d ExtendLease calls for a handler that returned at once", n)
+	}
+}
+
 // A Claim whose response is lost is retried with the same attempt_id, and the
 // server answers the same claim: the handler still runs exactly once.
 func TestLostClaimResponseIsRetriedWithTheSameAttemptID(t *testing.T) {

@@ -5,7 +5,7 @@
 # conformance scenarios against a live idemd, the TLS options against an idemd
 # serving mTLS, the README program, a consumer module outside the repository,
 # the middleware in ServeMux and chi against the shared HTTP scenarios, the
-# HTTP example), then the replay latency check on its own. Runnable from
+# HTTP example), then the latency checks on their own. Runnable from
 # any directory; idempotent.
 #
 #   IDEMD_BIN=/path/to/idemd IDEMD_TEST_CERTS=/path/to/test-certs clients/go/test.sh
@@ -93,5 +93,5 @@ echo "== go test (idemd: $IDEMD_BIN, certificates: ${IDEMD_TEST_CERTS:-unset})"
 go test -count=1 ${GO_TEST_FLAGS:-} -skip '^(TestReplayLatency|TestMiddlewareLatency)$' ./...
 # Alone, so that the parallel tests above do not skew the timings; -v shows
 # the p50/p99 line.
-echo "== replay latency (idemd: $IDEMD_BIN)"
+echo "== latency checks (idemd: $IDEMD_BIN)"
 go test -count=1 ${GO_TEST_FLAGS:-} -run '^(TestReplayLatency|TestMiddlewareLatency)$' -v .
