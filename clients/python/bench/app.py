@@ -84,6 +84,10 @@ def flask_app(address: str, middleware: bool) -> Any:
     return app
 
 
+def _exit(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
+
+
 def listening(port: int) -> None:
     print(f"listening on {port}", flush=True)
 
@@ -93,8 +97,10 @@ def serve_fastapi(app: Any, port: int) -> None:
 
     import uvicorn
 
-    # Bound here so that port 0 is known before uvicorn starts; uvicorn
-    # handles SIGTERM itself (a graceful shutdown).
+    # Bound here so that port 0 is known before uvicorn starts. uvicorn
+    # handles SIGTERM itself (a graceful shutdown), then raises it again for
+    # the handler it found, which is this one: exit 0, as the Flask app does.
+    signal.signal(signal.SIGTERM, _exit)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
@@ -115,11 +121,7 @@ def serve_flask(app: Any, port: int) -> None:
     import waitress
 
     server = waitress.create_server(app, host="127.0.0.1", port=port)
-
-    def stop(signum: int, frame: Any) -> None:
-        raise SystemExit(0)  # ends server.run() in the main thread
-
-    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGTERM, _exit)  # waitress has no handler of its own; this ends server.run()
     listening(server.effective_port)
     try:
         server.run()
