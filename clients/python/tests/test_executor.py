@@ -8,6 +8,7 @@ import secrets
 import threading
 import time
 from typing import List
+from unittest import mock
 
 import grpc
 import pytest
@@ -244,6 +245,39 @@ def test_stub_gets_credentials_and_default_deadline(server: Server) -> None:
         with pytest.raises(grpc.RpcError) as raised:
             client.stub.Lookup(pb.LookupRequest(endpoint=ENDPOINT, key=new_key()))
     assert raised.value.code() == grpc.StatusCode.NOT_FOUND  # not UNAUTHENTICATED
+
+
+def test_async_stub_gets_credentials_and_default_deadline(server: Server) -> None:
+    import asyncio
+
+    from idemd.aio import AsyncClient
+
+    async def main() -> grpc.StatusCode:
+        async with AsyncClient(server.address, token=CREDENTIALS["alice"], insecure=True, timeout=5) as client:
+            call = client.stub.Lookup(pb.LookupRequest(endpoint=ENDPOINT, key=new_key()))
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await call
+            assert call.time_remaining() is not None  # the client's default deadline
+            return raised.value.code()
+
+    assert asyncio.run(main()) == grpc.StatusCode.NOT_FOUND  # not UNAUTHENTICATED
+
+
+def test_a_handler_within_half_its_lease_starts_no_thread(alice: idemd.Client) -> None:
+    # A thread started and joined per execution cost ~0.1 ms (issue 37):
+    # only a handler still running at half its lease gets a keeper thread.
+    threads = []
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        threads.append(thread.name)
+        real_start(thread)
+
+    alice.execute_once(ENDPOINT, new_key(), PAYMENT, lambda ex: CREATED)  # the client's timer thread, once
+    with mock.patch.object(threading.Thread, "start", start):
+        for _ in range(3):
+            alice.execute_once(ENDPOINT, new_key(), PAYMENT, lambda ex: CREATED)
+    assert threads == []
 
 
 def test_tls_client_does_not_talk_plaintext(server: Server) -> None:

@@ -37,23 +37,28 @@ AsyncHandler = Callable[[Execution], Union[object, Awaitable[object]]]
 T = TypeVar("T")
 
 
-class _DefaultsInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
-    def __init__(self, metadata: Tuple[Tuple[str, str], ...], timeout: Optional[float]) -> None:
+class _DefaultsStub:
+    """The generated stub's methods with the client's credentials metadata and
+    default deadline added to every call (what an interceptor would do, without
+    grpc.aio's per-call interceptor task); each returns grpc.aio's call object
+    unchanged."""
+
+    def __init__(self, stub: object, metadata: Tuple[Tuple[str, str], ...], timeout: Optional[float]) -> None:
+        self._stub = stub
         self._metadata = metadata
         self._timeout = timeout
 
-    async def intercept_unary_unary(self, continuation, client_call_details, request):
-        pairs = list(client_call_details.metadata or ())
-        present = {k for k, _ in pairs}
-        pairs.extend((k, v) for k, v in self._metadata if k not in present)
-        details = grpc.aio.ClientCallDetails(
-            client_call_details.method,
-            client_call_details.timeout if client_call_details.timeout is not None else self._timeout,
-            grpc.aio.Metadata(*pairs),
-            client_call_details.credentials,
-            client_call_details.wait_for_ready,
-        )
-        return await continuation(details, request)
+    def __getattr__(self, name: str) -> Callable[..., object]:
+        method = getattr(self._stub, name)
+
+        def call(request: object, *, timeout: Optional[float] = None, metadata=None, **kwargs: object) -> object:
+            pairs = list(metadata or ())
+            present = {k for k, _ in pairs}
+            pairs.extend((k, v) for k, v in self._metadata if k not in present)
+            return method(request, timeout=self._timeout if timeout is None else timeout,
+                          metadata=pairs or None, **kwargs)
+
+        return call
 
 
 class AsyncClient:
@@ -80,17 +85,21 @@ class AsyncClient:
         self.retry = retry or RetryPolicy()
         self._metadata = call_metadata(token, tenant)
         if channel is None:
+            # No interceptor: grpc.aio runs an intercepted call through a task
+            # of its own, which cost ~0.1 ms per Claim+Complete pair (issue
+            # 37's bench). The client's own calls pass the metadata and the
+            # deadline themselves; `stub` fills them in for raw calls.
             opts = [("grpc.primary_user_agent", USER_AGENT), *options]
-            interceptors = [_DefaultsInterceptor(self._metadata, timeout)]
             if insecure:
                 if ca_file or root_certificates or cert_file or key_file:
                     raise ValueError("insecure=True contradicts the TLS options")
-                channel = grpc.aio.insecure_channel(target, options=opts, interceptors=interceptors)
+                channel = grpc.aio.insecure_channel(target, options=opts)
             else:
                 creds = channel_credentials(ca_file, root_certificates, cert_file, key_file)
-                channel = grpc.aio.secure_channel(target, creds, options=opts, interceptors=interceptors)
+                channel = grpc.aio.secure_channel(target, creds, options=opts)
         self.channel = channel
-        self.stub = pb_grpc.IdempotencyStub(channel)
+        self._stub = pb_grpc.IdempotencyStub(channel)
+        self.stub = _DefaultsStub(self._stub, self._metadata, timeout)
 
     async def close(self) -> None:
         await self.channel.close()
@@ -114,33 +123,33 @@ class AsyncClient:
             raise to_rpc_error(e) from e
 
     async def claim(self, request: "pb.ClaimRequest", *, timeout: Optional[float] = None) -> "pb.ClaimResponse":
-        return await self._call(self.stub.Claim, request, timeout)
+        return await self._call(self._stub.Claim, request, timeout)
 
     async def complete(
         self, request: "pb.CompleteRequest", *, timeout: Optional[float] = None
     ) -> "pb.CompleteResponse":
-        return await self._call(self.stub.Complete, request, timeout)
+        return await self._call(self._stub.Complete, request, timeout)
 
     async def fail(self, request: "pb.FailRequest", *, timeout: Optional[float] = None) -> "pb.FailResponse":
-        return await self._call(self.stub.Fail, request, timeout)
+        return await self._call(self._stub.Fail, request, timeout)
 
     async def extend_lease(
         self, request: "pb.ExtendLeaseRequest", *, timeout: Optional[float] = None
     ) -> "pb.ExtendLeaseResponse":
-        return await self._call(self.stub.ExtendLease, request, timeout)
+        return await self._call(self._stub.ExtendLease, request, timeout)
 
     async def lookup(self, request: "pb.LookupRequest", *, timeout: Optional[float] = None) -> "pb.LookupResponse":
-        return await self._call(self.stub.Lookup, request, timeout)
+        return await self._call(self._stub.Lookup, request, timeout)
 
     async def list_pending(
         self, request: "pb.ListPendingRequest", *, timeout: Optional[float] = None
     ) -> "pb.ListPendingResponse":
-        return await self._call(self.stub.ListPending, request, timeout)
+        return await self._call(self._stub.ListPending, request, timeout)
 
     async def reconcile(
         self, request: "pb.ReconcileRequest", *, timeout: Optional[float] = None
     ) -> "pb.ReconcileResponse":
-        return await self._call(self.stub.Reconcile, request, timeout)
+        return await self._call(self._stub.Reconcile, request, timeout)
 
     async def _with_retries(self, method: Callable[..., Awaitable[T]], request: object, what: str) -> T:
         retry = 0
@@ -180,7 +189,7 @@ class AsyncClient:
             ex.set_wait(claim, remaining)
             rpc_timeout = None if self.timeout is None else self.timeout + max(0.0, remaining)
             try:
-                response = await self._call(self.stub.Claim, claim, rpc_timeout)
+                response = await self._call(self._stub.Claim, claim, rpc_timeout)
             except RpcError as e:
                 if not e.retryable or transport_retries + 1 >= self.retry.attempts:
                     raise
@@ -209,9 +218,7 @@ class AsyncClient:
     ) -> Result:
         claimed = response.claimed
         token = claimed.lease_token
-        keeper = asyncio.ensure_future(
-            self._keep_lease(endpoint, key, token, ex.lease_seconds(claimed, lease, received_at))
-        )
+        keeper = _LeaseKeeper(self, endpoint, key, token, ex.lease_seconds(claimed, lease, received_at))
         try:
             try:
                 value = handler(ex.execution(endpoint, key, claimed))
@@ -219,15 +226,13 @@ class AsyncClient:
                     value = await value
                 out = Response.coerce(value)
             finally:
-                keeper.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await keeper
+                await keeper.stop()
         except BaseException as error:
             await self._fail(ex.fail_request(endpoint, key, token, error), error, key)
             raise
         try:
             await self._with_retries(
-                self.stub.Complete,
+                self._stub.Complete,
                 pb.CompleteRequest(endpoint=endpoint, key=key, lease_token=token, response=ex.response_to_pb(out)),
                 "Complete",
             )
@@ -239,23 +244,44 @@ class AsyncClient:
 
     async def _fail(self, request: "pb.FailRequest", error: BaseException, key: str) -> None:
         try:
-            await self._with_retries(self.stub.Fail, request, "Fail")
+            await self._with_retries(self._stub.Fail, request, "Fail")
         except RpcError as fail_error:
             disposition = pb.Disposition.Name(request.disposition)
             log.warning("idemd: Fail %s for key %s failed: %s", disposition, key_hash(key), fail_error.code.name)
             ex.add_note(error, f"idemd: Fail {disposition} also failed: {fail_error}")
 
     async def _keep_lease(self, endpoint: str, key: str, token: str, lease: float) -> None:
+        """Extends the lease now (half of it has passed), then every half lease."""
         request = pb.ExtendLeaseRequest(endpoint=endpoint, key=key, lease_token=token, lease=duration(lease))
-        interval = lease / 2
         while True:
-            await asyncio.sleep(interval)
             try:
-                await self._call(self.stub.ExtendLease, request, lease / 2)
+                await self._call(self._stub.ExtendLease, request, lease / 2)
                 interval = lease / 2
             except RpcError as e:
-                if e.retryable:
-                    interval = lease / 4  # try again well before the lease runs out
-                    continue
-                log.warning("idemd: lease of key %s lost: %s", key_hash(key), e.code.name)
-                return
+                if not e.retryable:
+                    log.warning("idemd: lease of key %s lost: %s", key_hash(key), e.code.name)
+                    return
+                interval = lease / 4  # try again well before the lease runs out
+            await asyncio.sleep(interval)
+
+
+class _LeaseKeeper:
+    """Extends a lease at half its length while a handler runs: a timer until
+    the first extension is due, and a task only from then on. Most handlers
+    end well within half a lease, and a task made and cancelled per request
+    cost more than the timer (issue 37's bench)."""
+
+    def __init__(self, client: AsyncClient, endpoint: str, key: str, token: str, lease: float) -> None:
+        self._extend = lambda: client._keep_lease(endpoint, key, token, lease)
+        self._task: Optional["asyncio.Future[None]"] = None
+        self._timer = asyncio.get_running_loop().call_later(lease / 2, self._start)
+
+    def _start(self) -> None:
+        self._task = asyncio.ensure_future(self._extend())
+
+    async def stop(self) -> None:
+        self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
