@@ -78,8 +78,9 @@ async function startFastify(client: IdemdClient | undefined, port: number): Prom
   const app = Fastify({ logger: false });
   if (client) await app.register(idempotencyPlugin, { client, ...OPTIONS });
   app.post("/pay", async (_request, reply) => {
+    // A Buffer, not a string: Fastify would add "; charset=utf-8" to a string's content-type.
     reply.code(201).header("content-type", "application/json");
-    return pay();
+    return Buffer.from(pay());
   });
   await app.listen({ port, host: "127.0.0.1" });
   return { port: (app.server.address() as AddressInfo).port, close: () => app.close() };
