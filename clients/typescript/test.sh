@@ -4,8 +4,9 @@
 # the TLS/mTLS test, the README examples, the Express/Fastify/Web middleware against the shared
 # HTTP scenarios and mounted after a body reader, the HTTP example and the consumer project (the
 # README's Install commands on a copy of the files git ships, then a fresh project outside the
-# repository installs the packed tarball and runs a program); then, on its own, the replay
-# latency check (100 replays of a 1 KiB body, fails when the p50 is over 10 ms).
+# repository installs the packed tarball and runs a program); then, on their own, the replay
+# latency check (100 replays of a 1 KiB body, fails when the p50 is over 10 ms) and the middleware
+# latency test (fails when a fresh key adds more than 5 ms, p50, over the executor's own pair).
 #
 #   IDEMD_BIN=/path/to/idemd IDEMD_TEST_CERTS=/path/to/test-certs clients/typescript/test.sh
 #
@@ -54,6 +55,7 @@ npm run --silent build
 # node --test prints its summary (# tests / # pass / # fail) and exits non-zero on a failure.
 # First every test but the latency check (dist/test/*.test.js, one file at a time)...
 npm run --silent test:suite
-# ...then the replay latency check (dist/test/latency/), alone, so that nothing competes with it
-# for the CPU. It prints "latency: 100 replays of a 1 KiB body: p50 X ms, p99 Y ms".
+# ...then the latency checks (dist/test/latency/), alone, so that nothing competes with them for
+# the CPU. They print "latency: 100 replays of a 1 KiB body: p50 X ms, p99 Y ms" and one
+# "latency: <framework> middleware, ..." line per middleware.
 npm run --silent test:latency

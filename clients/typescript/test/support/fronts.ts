@@ -34,8 +34,8 @@ async function behave(state: AppState, path: string, body: Buffer, idemd: Handle
 
 export type Front = { port: number; state: AppState; close: () => Promise<void> };
 
-async function listen(server: http.Server): Promise<number> {
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+async function listen(server: http.Server, port = 0): Promise<number> {
+  await new Promise<void>((resolve) => server.listen(port, "127.0.0.1", resolve));
   return (server.address() as AddressInfo).port;
 }
 
@@ -98,7 +98,7 @@ export async function fetchFront(client: IdemdClient | undefined): Promise<Front
  * A plain Node server in front of a Web handler: it turns IncomingMessage into a Web Request and
  * back, as Hono's and Next.js's Node adapters do; an exception is a 500.
  */
-export async function serveFetch(handler: (request: Request) => Promise<Response>): Promise<{ port: number; close: () => Promise<void> }> {
+export async function serveFetch(handler: (request: Request) => Promise<Response>, port = 0): Promise<{ port: number; close: () => Promise<void> }> {
   const server = http.createServer(async (req, res) => {
     const chunks: Buffer[] = [];
     for await (const chunk of req) chunks.push(chunk as Buffer);
@@ -128,9 +128,9 @@ export async function serveFetch(handler: (request: Request) => Promise<Response
       res.end("internal error");
     }
   });
-  const port = await listen(server);
+  const bound = await listen(server, port);
   return {
-    port,
+    port: bound,
     close: () => {
       server.closeAllConnections(); // a request a broken front never answered must not hold the close
       return new Promise((resolve) => server.close(() => resolve()));
