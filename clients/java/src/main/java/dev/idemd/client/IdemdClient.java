@@ -29,10 +29,7 @@ import java.nio.file.Path;
 import java.time.Duration;
 import java.util.Objects;
 import java.util.concurrent.Executor;
-import java.util.concurrent.ScheduledExecutorService;
-import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.atomic.AtomicInteger;
 
 /**
  * Client of the idemd gRPC API: the raw RPCs, and {@link #executeOnce} which runs a handler at most
@@ -60,7 +57,7 @@ public final class IdemdClient implements AutoCloseable {
   private final IdempotencyGrpc.IdempotencyBlockingStub blocking;
   private final IdempotencyGrpc.IdempotencyFutureStub future;
   private final Duration deadline;
-  private final ScheduledExecutorService scheduler;
+  private final LeaseTimer leaseTimer = new LeaseTimer();
   private final ExecuteEngine engine;
 
   private IdemdClient(Channel channel, ManagedChannel ownedChannel, Builder builder) {
@@ -82,9 +79,6 @@ public final class IdemdClient implements AutoCloseable {
     }
     this.blocking = b;
     this.future = f;
-    ScheduledThreadPoolExecutor pool = new ScheduledThreadPoolExecutor(1, new DaemonThreads());
-    pool.setRemoveOnCancelPolicy(true);
-    this.scheduler = pool;
     this.engine = new ExecuteEngine(this);
   }
 
@@ -245,14 +239,14 @@ public final class IdemdClient implements AutoCloseable {
     return deadline;
   }
 
-  ScheduledExecutorService scheduler() {
-    return scheduler;
+  LeaseTimer leaseTimer() {
+    return leaseTimer;
   }
 
   /** Stops the lease keepers and, if this client created it, shuts the channel down. */
   @Override
   public void close() {
-    scheduler.shutdownNow();
+    leaseTimer.close();
     if (ownedChannel != null) {
       ownedChannel.shutdown();
       try {
@@ -416,17 +410,6 @@ public final class IdemdClient implements AutoCloseable {
       Metadata copy = new Metadata();
       copy.merge(headers);
       applier.apply(copy);
-    }
-  }
-
-  private static final class DaemonThreads implements java.util.concurrent.ThreadFactory {
-    private static final AtomicInteger COUNT = new AtomicInteger();
-
-    @Override
-    public Thread newThread(Runnable runnable) {
-      Thread thread = new Thread(runnable, "idemd-lease-keeper-" + COUNT.incrementAndGet());
-      thread.setDaemon(true);
-      return thread;
     }
   }
 }

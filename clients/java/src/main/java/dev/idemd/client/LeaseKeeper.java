@@ -7,32 +7,37 @@ import io.grpc.Status;
 import java.lang.System.Logger.Level;
 import java.time.Duration;
 import java.util.concurrent.ExecutionException;
-import java.util.concurrent.RejectedExecutionException;
-import java.util.concurrent.ScheduledFuture;
-import java.util.concurrent.TimeUnit;
 
 /**
  * Keeps a claim alive while a long handler runs: ExtendLease by the full lease every half lease,
- * until stopped. Calls are asynchronous, so one scheduler thread serves every execution of a
- * client.
+ * until stopped. Calls are asynchronous, so one timer thread ({@link LeaseTimer}) serves every
+ * execution of a client.
  */
 final class LeaseKeeper {
   private static final System.Logger LOG = System.getLogger("dev.idemd.client");
-  private static final LeaseKeeper NONE = new LeaseKeeper(null, null, null, null);
+  private static final LeaseKeeper NONE = new LeaseKeeper(null, null, null, null, 0);
 
   private final IdemdClient client;
   private final ExtendLeaseRequest request;
   private final String keyHash;
   private final Duration callDeadline;
-  private volatile ScheduledFuture<?> task;
+  private final long period;
+  /** {@link System#nanoTime()} of the next extension; written by the timer thread once started. */
+  private volatile long due;
   private volatile boolean stopped;
 
   private LeaseKeeper(
-      IdemdClient client, ExtendLeaseRequest request, String keyHash, Duration callDeadline) {
+      IdemdClient client,
+      ExtendLeaseRequest request,
+      String keyHash,
+      Duration callDeadline,
+      long period) {
     this.client = client;
     this.request = request;
     this.keyHash = keyHash;
     this.callDeadline = callDeadline;
+    this.period = period;
+    this.due = System.nanoTime() + period;
   }
 
   static LeaseKeeper start(
@@ -54,25 +59,36 @@ final class LeaseKeeper {
             .setLease(ExecuteEngine.toProto(lease))
             .build();
     Duration callDeadline = Duration.ofNanos(Math.min(period, client.deadline().toNanos()));
-    LeaseKeeper keeper = new LeaseKeeper(client, request, keyHash, callDeadline);
-    try {
-      keeper.task =
-          client
-              .scheduler()
-              .scheduleAtFixedRate(keeper::extend, period, period, TimeUnit.NANOSECONDS);
-    } catch (RejectedExecutionException e) {
+    LeaseKeeper keeper = new LeaseKeeper(client, request, keyHash, callDeadline, period);
+    if (!client.leaseTimer().add(keeper)) {
       // The client is closing; the handler runs on its initial lease.
       return NONE;
     }
     return keeper;
   }
 
-  private void extend() {
+  long periodNanos() {
+    return period;
+  }
+
+  long due() {
+    return due;
+  }
+
+  /** Called by the timer thread when due: sends ExtendLease and sets the next due time. */
+  void extend(long now) {
+    due = now + period;
     if (stopped) {
       return;
     }
-    ListenableFuture<ExtendLeaseResponse> call = client.futureStub(callDeadline).extendLease(request);
-    call.addListener(() -> onDone(call), Runnable::run);
+    try {
+      ListenableFuture<ExtendLeaseResponse> call =
+          client.futureStub(callDeadline).extendLease(request);
+      call.addListener(() -> onDone(call), Runnable::run);
+    } catch (RuntimeException e) {
+      // The channel is shutting down: the timer thread must survive it for the other keepers.
+      LOG.log(Level.DEBUG, "extending the lease of key_hash={0} failed: {1}", keyHash, e.toString());
+    }
   }
 
   private void onDone(ListenableFuture<ExtendLeaseResponse> call) {
@@ -105,10 +121,10 @@ final class LeaseKeeper {
   }
 
   void stop() {
-    stopped = true;
-    ScheduledFuture<?> t = task;
-    if (t != null) {
-      t.cancel(false);
+    if (client == null) {
+      return; // NONE
     }
+    stopped = true;
+    client.leaseTimer().remove(this);
   }
 }
