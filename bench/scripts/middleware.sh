@@ -27,7 +27,10 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 DURATION=${DURATION:-10s}
 WARMUP=${WARMUP:-3s}
-FRAMEWORKS=${FRAMEWORKS:-"fastapi flask express fastify web nethttp spring"}
+# The JVM compiles its hot paths over the first ~30,000 requests
+# (clients/java/bench/README.md): a Java app gets a longer warm-up.
+JAVA_WARMUP=${JAVA_WARMUP:-15s}
+FRAMEWORKS=${FRAMEWORKS:-"fastapi flask express fastify web nethttp spring jetty"}
 out_dir=${OUT_DIR:-$root/bench/results}
 
 if ! command -v wrk >/dev/null 2>&1; then
@@ -146,16 +149,18 @@ echo "|---|---|---|---|---|---|---|---|"
 for framework in $FRAMEWORKS; do
     prepare "$(sdk_of "$framework")"
     run="$framework-$RANDOM$RANDOM"
+    warmup=$WARMUP
+    [[ $(sdk_of "$framework") == java ]] && warmup=$JAVA_WARMUP
 
     start_app "$framework" off
-    load 64 "$WARMUP" fresh "$run-warm0" >/dev/null
+    load 64 "$warmup" fresh "$run-warm0" >/dev/null
     without=$(load 1 "$DURATION" fresh "$run-w1")
     row "$framework" "without" 1 "$without"
     row "$framework" "without" 64 "$(load 64 "$DURATION" fresh "$run-w64")"
     stop_app
 
     start_app "$framework" on
-    load 64 "$WARMUP" fresh "$run-warm1" >/dev/null
+    load 64 "$warmup" fresh "$run-warm1" >/dev/null
     fresh=$(load 1 "$DURATION" fresh "$run-f1")
     row "$framework" "fresh key" 1 "$fresh"
     row "$framework" "fresh key" 64 "$(load 64 "$DURATION" fresh "$run-f64")"
@@ -181,7 +186,7 @@ stamp=$(date -u +%Y-%m-%dT%H-%M-%SZ)
     echo "# Middleware load bench $stamp"
     echo
     echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), Linux $(uname -r)."
-    echo "idemd: $("$IDEMD_BIN" --version) (release, embedded store, \`--claim-rate 0 --max-in-flight 0\`); wrk $(wrk -v 2>&1 | head -n 1 | awk '{print $2}'), one thread; ${DURATION} per cell after ${WARMUP} of warm-up at 64 in flight; idemd and the app on core 0, wrk on core 1."
+    echo "idemd: $("$IDEMD_BIN" --version) (release, embedded store, \`--claim-rate 0 --max-in-flight 0\`); wrk $(wrk -v 2>&1 | head -n 1 | awk '{print $2}'), one thread; ${DURATION} per cell after ${WARMUP} of warm-up at 64 in flight (Java: ${JAVA_WARMUP}); idemd and the app on core 0, wrk on core 1."
     echo
     echo "| framework | variant | in flight | requests/s | p50 ms | p99 ms | p999 ms | socket errors / non-2xx |"
     echo "|---|---|---|---|---|---|---|---|"
