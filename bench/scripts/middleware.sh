@@ -32,6 +32,10 @@ WARMUP=${WARMUP:-3s}
 JAVA_WARMUP=${JAVA_WARMUP:-15s}
 FRAMEWORKS=${FRAMEWORKS:-"fastapi flask express fastify web nethttp spring jetty"}
 out_dir=${OUT_DIR:-$root/bench/results}
+# Cores: idemd, the app, wrk.
+IDEMD_CPU=${IDEMD_CPU:-0}
+APP_CPU=${APP_CPU:-0}
+WRK_CPU=${WRK_CPU:-1}
 
 if ! command -v wrk >/dev/null 2>&1; then
     echo "middleware.sh: installing Debian's wrk package..." >&2
@@ -93,7 +97,7 @@ start_app() {
     local framework=$1 middleware=$2 sdk
     sdk=$(sdk_of "$framework")
     local log="$work/$framework-$middleware.log"
-    taskset -c 0 "$root/clients/$sdk/bench/run.sh" --framework "$framework" \
+    taskset -c "$APP_CPU" "$root/clients/$sdk/bench/run.sh" --framework "$framework" \
         --middleware "$middleware" --port 0 --idemd "127.0.0.1:$idemd_port" >"$log" 2>&1 &
     app_pid=$!
     pids+=("$app_pid")
@@ -117,7 +121,7 @@ stop_app() {
 # wrk against the app: $1 connections (= requests in flight), $2 duration,
 # $3 fresh|replay, $4 run id. Prints the RESULT JSON.
 load() {
-    taskset -c 1 wrk -t 1 -c "$1" -d "$2" --timeout 10s -s "$root/bench/middleware/keys.lua" \
+    taskset -c "$WRK_CPU" wrk -t 1 -c "$1" -d "$2" --timeout 10s -s "$root/bench/middleware/keys.lua" \
         "http://127.0.0.1:$app_port" -- "$3" "$4" | sed -n 's/^RESULT //p'
 }
 
@@ -127,7 +131,8 @@ row() {  # framework variant in_flight json
     line=$(python3 -c '
 import json,sys
 r=json.loads(sys.argv[4])
-print(f"| {sys.argv[1]} | {sys.argv[2]} | {sys.argv[3]} | {r[\"per_s\"]:,.0f} | {r[\"p50_ms\"]:.2f} | {r[\"p99_ms\"]:.2f} | {r[\"p999_ms\"]:.2f} | {r[\"socket_errors\"]} / {r[\"non_2xx\"]} |")
+print("| {} | {} | {} | ".format(*sys.argv[1:4])
+      + "{per_s:,.0f} | {p50_ms:.2f} | {p99_ms:.2f} | {p999_ms:.2f} | {socket_errors} / {non_2xx} |".format(**r))
 ' "$@")
     rows+=("$line")
     echo "$line"
@@ -135,7 +140,7 @@ print(f"| {sys.argv[1]} | {sys.argv[2]} | {sys.argv[3]} | {r[\"per_s\"]:,.0f} | 
 added=()
 
 idemd_port=$(free_port)
-taskset -c 0 "$IDEMD_BIN" --listen "127.0.0.1:$idemd_port" --data-dir "$work/idemd" \
+taskset -c "$IDEMD_CPU" "$IDEMD_BIN" --listen "127.0.0.1:$idemd_port" --data-dir "$work/idemd" \
     --http-listen off --metrics-listen off --claim-rate 0 --max-in-flight 0 \
     >"$work/idemd.log" 2>&1 &
 pids+=($!)
@@ -173,7 +178,7 @@ for framework in $FRAMEWORKS; do
     added+=("$(python3 -c '
 import json,sys
 w=json.loads(sys.argv[2]); f=json.loads(sys.argv[3])
-print(f"{sys.argv[1]} +{f[\"p50_ms\"]-w[\"p50_ms\"]:.2f} ms")
+print("{} +{:.2f} ms".format(sys.argv[1], f["p50_ms"]-w["p50_ms"]))
 ' "$framework" "$without" "$fresh")")
 done
 
@@ -186,7 +191,7 @@ stamp=$(date -u +%Y-%m-%dT%H-%M-%SZ)
     echo "# Middleware load bench $stamp"
     echo
     echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), Linux $(uname -r)."
-    echo "idemd: $("$IDEMD_BIN" --version) (release, embedded store, \`--claim-rate 0 --max-in-flight 0\`); wrk $(wrk -v 2>&1 | head -n 1 | awk '{print $2}'), one thread; ${DURATION} per cell after ${WARMUP} of warm-up at 64 in flight (Java: ${JAVA_WARMUP}); idemd and the app on core 0, wrk on core 1."
+    echo "idemd: $("$IDEMD_BIN" --version) (release, embedded store, \`--claim-rate 0 --max-in-flight 0\`); wrk $(wrk -v 2>&1 | head -n 1 | awk '{print $2}'), one thread; ${DURATION} per cell after ${WARMUP} of warm-up at 64 in flight (Java: ${JAVA_WARMUP}); idemd on core $IDEMD_CPU, the app on core $APP_CPU, wrk on core $WRK_CPU."
     echo
     echo "| framework | variant | in flight | requests/s | p50 ms | p99 ms | p999 ms | socket errors / non-2xx |"
     echo "|---|---|---|---|---|---|---|---|"
