@@ -11,6 +11,9 @@
 #   scripts/kafka.sh stop --dir D             stop the broker of D (SIGTERM, then SIGKILL); D stays
 #   scripts/kafka.sh topic BROKERS NAME PARTITIONS
 #                                             create topic NAME (replication factor 1)
+#   scripts/kafka.sh tool CLASS [ARGS...]     run a main class of the jars, e.g.
+#                                             org.apache.kafka.tools.ConsoleProducer or
+#                                             org.apache.kafka.tools.consumer.ConsoleConsumer
 #
 # No fixed port and no fixed data dir: every SDK suite (and any developer) gets its own broker, and
 # any number can run at once. Ports are picked at random in 20000-32767 (below Linux's ephemeral
@@ -70,6 +73,7 @@ usage: scripts/kafka.sh run [--] CMD...
        scripts/kafka.sh start --dir D
        scripts/kafka.sh stop --dir D
        scripts/kafka.sh topic BROKERS NAME PARTITIONS
+       scripts/kafka.sh tool CLASS [ARGS...]
 EOF
     exit 2
 }
@@ -454,6 +458,11 @@ main() {
         topic)
             (($# == 3)) || usage
             cmd_topic "$@"
+            ;;
+        tool)
+            (($# >= 1)) || usage
+            prepare
+            tool_java "$@"
             ;;
         -h | --help) usage ;;
         *) log "unknown command: $cmd"; usage ;;
