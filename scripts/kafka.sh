@@ -40,6 +40,7 @@
 #   IDEMD_KAFKA_HEAP           broker heap (default 512m)
 #   IDEMD_KAFKA_START_TIMEOUT  seconds to wait for the broker to accept clients (default 60)
 #   IDEMD_KAFKA_STOP_TIMEOUT   seconds to wait after SIGTERM before SIGKILL (default 15)
+#   IDEMD_KAFKA_CDS            0: no class-data-sharing archive (default 1; see cds_archive)
 #   IDEMD_KAFKA_JVM_OPTS       extra JVM options for the broker (split on whitespace), appended last
 #   JAVA                       java binary (default: java on PATH; Java 17 or later)
 #   MVN                        maven binary (default: mvn on PATH)
@@ -82,10 +83,14 @@ EOF
 # Dependencies
 # ---------------------------------------------------------------------------------------------
 
+JAVA_BUILD=""
 check_java() {
     command -v "$JAVA" >/dev/null 2>&1 || die "java not found (Kafka $KAFKA_VERSION needs Java 17 or later; set JAVA=/path/to/java)"
     local ver major
-    ver="$("$JAVA" -version 2>&1 | awk -F'"' '/version/ {print $2; exit}')"
+    local out
+    out="$("$JAVA" -version 2>&1)"
+    ver="$(awk -F'"' '/version/ {print $2; exit}' <<<"$out")"
+    JAVA_BUILD="$(sed -n 's/.*(build \(.*\))$/\1/p' <<<"$out" | head -n 1 | tr -c 'A-Za-z0-9._+\n-' '_')"
     major="${ver%%.*}"
     [[ "$major" =~ ^[0-9]+$ ]] && ((major >= 17)) ||
         die "Kafka $KAFKA_VERSION needs Java 17 or later; '$JAVA' is version '$ver' (set JAVA=/path/to/java)"
@@ -165,8 +170,19 @@ EOF
 
 # Short-lived tool JVMs (format, topic creation): C1 only and a small heap start them fastest.
 tool_java() {
-    "$JAVA" -Xmx256m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto \
+    local -a cds=()
+    [[ -s "$(cds_archive)" ]] && cds=(-XX:SharedArchiveFile="$(cds_archive)")
+    "$JAVA" -Xmx256m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto "${cds[@]}" \
         -Dlog4j2.configurationFile="$TOOL_LOG4J" -cp "$LIB_DIR/*" "$@"
+}
+
+# Class-data sharing: a broker started when no archive exists for this JVM build and jar set dumps
+# the classes it loaded when it exits cleanly; later brokers and tool JVMs map them and start
+# faster. Each broker dumps into its own dir and the stop moves the dump into place (rename is
+# atomic), so concurrent first runs cannot hand anyone a half-written archive; VerifySharedSpaces
+# makes the JVM skip a damaged one, and -Xshare:auto lets it start without.
+cds_archive() {
+    printf '%s/cds/java-%s.jsa' "$LIB_DIR" "${JAVA_BUILD:-unknown}"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -274,6 +290,7 @@ start_broker() {
             -XX:ErrorFile="$dir/hs_err_pid%p.log"
             # C1 only: on a 2-core box the broker is ready sooner, and test traffic is light.
             -XX:TieredStopAtLevel=1
+            -Xshare:auto -XX:+UnlockDiagnosticVMOptions -XX:+VerifySharedSpaces
             -Djava.awt.headless=true -Djava.net.preferIPv4Stack=true
             -Dlog4j2.configurationFile="$dir/log4j2.properties"
             -Dkafka.logs.dir="$dir/logs"
@@ -282,6 +299,12 @@ start_broker() {
             local -a extra
             read -r -a extra <<<"$IDEMD_KAFKA_JVM_OPTS"
             opts+=("${extra[@]}")
+        fi
+        rm -f "$dir/cds.jsa"
+        if [[ -s "$(cds_archive)" ]]; then
+            opts+=(-XX:SharedArchiveFile="$(cds_archive)")
+        elif [[ "${IDEMD_KAFKA_CDS:-1}" != 0 ]]; then
+            opts+=(-XX:ArchiveClassesAtExit="$dir/cds.jsa")
         fi
         # setsid: the broker must not get signals meant for the caller's job (Ctrl-C reaches CMD;
         # the script then stops the broker itself). 8>&- 9>&-: no lock reaches the JVM.
@@ -302,6 +325,10 @@ start_broker() {
                 return 1
             fi
             if grep -qsF "$READY_LINE" "$dir/logs/server.log" && tcp_open "$port"; then
+                if grep -qsF "Unable to use shared archive" "$dir/stdout.log"; then
+                    log "the JVM rejected $(cds_archive); deleting it (a later broker writes a new one)"
+                    rm -f "$(cds_archive)"
+                fi
                 log "broker ready at 127.0.0.1:$port after $((SECONDS - t0))s"
                 return 0
             fi
@@ -332,11 +359,13 @@ stop_broker() {
         return 0
     fi
     kill -TERM "$pid" 2>/dev/null || true
+    local killed=0
     deadline=$((SECONDS + STOP_TIMEOUT))
     while kill -0 "$pid" 2>/dev/null; do
         if ((SECONDS >= deadline)); then
             log "broker (pid $pid) still running after ${STOP_TIMEOUT}s, sending SIGKILL"
             kill -KILL "$pid" 2>/dev/null || true
+            killed=1
             sleep 0.2
             kill -0 "$pid" 2>/dev/null && { log "error: pid $pid survived SIGKILL"; return 1; }
             break
@@ -344,6 +373,10 @@ stop_broker() {
         sleep 0.1
     done
     rm -f "$dir/kafka.pid"
+    if [[ -s "$dir/cds.jsa" && ! -s "$(cds_archive)" && -n "$LIB_DIR" ]] && ((killed == 0)); then
+        mkdir -p "$(dirname -- "$(cds_archive)")"
+        mv -f "$dir/cds.jsa" "$(cds_archive)" && log "saved class-data-sharing archive $(cds_archive)"
+    fi
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -423,6 +456,7 @@ cmd_stop() {
         rm -f "$dir/kafka.pid"
         return 0
     fi
+    prepare # for the class-data-sharing archive's path
     stop_broker "$dir"
     log "stopped"
 }
