@@ -412,19 +412,47 @@ cleanup_run() {
     RUN_DIR=""
 }
 
+# If this script dies without running its EXIT trap (SIGKILL, e.g. a CI job's hard timeout), a
+# detached watchdog kills the broker and deletes the dir, so aborted suites leak no JVM.
+start_watchdog() {
+    # shellcheck disable=SC2016 # expanded by the watchdog's bash
+    setsid bash -c '
+        while kill -0 "$1" 2>/dev/null; do sleep 1; done
+        [[ -f "$2/kafka.pid" ]] || exit 0
+        pid="$(<"$2/kafka.pid")"
+        if tr "\0" "\n" <"/proc/$pid/cmdline" 2>/dev/null | grep -qxF -- "$2/server.properties"; then
+            kill -KILL "$pid"
+            while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
+        fi
+        rm -rf -- "$2"
+    ' _ "$$" "$1" </dev/null >/dev/null 2>&1 8>&- 9>&- &
+    disown $!
+}
+
 cmd_run() {
     (($# > 0)) || usage
     prepare
     RUN_DIR="$(mktemp -d "${TMPDIR:-/tmp}/idemd-kafka.XXXXXX")"
     touch "$RUN_DIR/$MARKER"
     trap cleanup_run EXIT
-    # CMD runs in the foreground (so Ctrl-C reaches it as usual); on SIGTERM/SIGINT the script
-    # stops the broker once CMD has returned.
     trap 'exit 143' TERM
     trap 'exit 130' INT
     start_broker "$RUN_DIR" || exit 1
-    local status=0
-    IDEMD_TEST_KAFKA_BROKERS="$(<"$RUN_DIR/address")" "$@" || status=$?
+    start_watchdog "$RUN_DIR"
+    # CMD runs in the background so that a SIGTERM to this script (a harness's timeout) can be
+    # passed on to it; env --default-signal undoes the SIGINT/SIGQUIT ignoring bash gives background
+    # jobs, so Ctrl-C still reaches CMD straight from the terminal (hence no INT forwarding); <&0 keeps
+    # the caller's stdin, which bash would replace with /dev/null for a background job.
+    local status=0 cmd_pid
+    IDEMD_TEST_KAFKA_BROKERS="$(<"$RUN_DIR/address")" env --default-signal=INT,QUIT "$@" <&0 &
+    cmd_pid=$!
+    trap 'kill -TERM "$cmd_pid" 2>/dev/null || true' TERM
+    trap ':' INT
+    # A trapped signal interrupts `wait`; wait again until CMD is gone (reaped) for its own status.
+    while :; do
+        wait "$cmd_pid" && status=0 || status=$?
+        kill -0 "$cmd_pid" 2>/dev/null || break
+    done
     exit "$status"
 }
 
