@@ -5,9 +5,12 @@
 #   scripts/kafka.sh run [--] CMD...          start a fresh broker in a fresh temp dir on free ports,
 #                                             run CMD with IDEMD_TEST_KAFKA_BROKERS=127.0.0.1:PORT,
 #                                             then stop the broker, delete the dir, exit with CMD's status
+#                                             (a SIGTERM to the script is passed on to CMD)
 #   scripts/kafka.sh start --dir D            start a broker whose config, data and logs live in D
-#                                             (new, empty, or a previous `start --dir D`); prints the
-#                                             bootstrap address on stdout once it accepts clients
+#                                             (new, empty, or a previous `start --dir D`: its data is
+#                                             wiped, the ports are new); prints the bootstrap address
+#                                             on stdout once it accepts clients; again while it runs:
+#                                             prints the address
 #   scripts/kafka.sh stop --dir D             stop the broker of D (SIGTERM, then SIGKILL); D stays
 #   scripts/kafka.sh topic BROKERS NAME PARTITIONS
 #                                             create topic NAME (replication factor 1)
