@@ -38,7 +38,8 @@
 # Jars live in $IDEMD_KAFKA_HOME/lib-<version> (fetched once with mvn).
 #
 # Environment overrides:
-#   IDEMD_KAFKA_HOME           jar cache (default <repo>/.cache/kafka)
+#   IDEMD_KAFKA_HOME           jar cache (default ~/.cache/idemd/kafka: shared by every
+#                              clone and worktree, so a fresh clone fetches nothing)
 #   IDEMD_KAFKA_VERSION        org.apache.kafka:kafka_2.13 version (default 4.4.0)
 #   IDEMD_KAFKA_HEAP           broker heap (default 512m)
 #   IDEMD_KAFKA_START_TIMEOUT  seconds to wait for the broker to accept clients (default 60)
@@ -53,7 +54,7 @@ SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd -- "$SCRIPT_DIR/.." && pwd)"
 
 KAFKA_VERSION="${IDEMD_KAFKA_VERSION:-4.4.0}"
-KAFKA_HOME="${IDEMD_KAFKA_HOME:-$REPO_ROOT/.cache/kafka}"
+KAFKA_HOME="${IDEMD_KAFKA_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/idemd/kafka}"
 HEAP="${IDEMD_KAFKA_HEAP:-512m}"
 START_TIMEOUT="${IDEMD_KAFKA_START_TIMEOUT:-60}"
 STOP_TIMEOUT="${IDEMD_KAFKA_STOP_TIMEOUT:-15}"
