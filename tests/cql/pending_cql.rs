@@ -582,6 +582,42 @@ fn shifted(row: &str, delta: i64) -> (String, Option<i64>) {
     (value.to_string(), expires)
 }
 
+/// Writes the fixture's rows into `keyspace` as the old binary would have
+/// written them `delta` ms after it did, for `tenant`.
+async fn load_fixture(
+    session: &scylla::client::session::Session,
+    keyspace: &str,
+    fixture: &Fixture,
+    tenant: &str,
+    delta: i64,
+    now: i64,
+) {
+    for (table, rows, lwt) in [
+        ("records", &fixture.records, " IF NOT EXISTS"),
+        ("pending_index", &fixture.pending_index, ""),
+    ] {
+        for row in rows {
+            let (row, expires) = shifted(row, delta);
+            let mut row: serde_json::Value = serde_json::from_str(&row).expect("row");
+            row["tenant"] = tenant.into();
+            let ttl =
+                i32::try_from((expires.unwrap_or(now + 86_400_000) - now) / 1000).expect("ttl");
+            session
+                .query_unpaged(
+                    format!("INSERT INTO {keyspace}.{table} JSON ?{lwt} USING TTL ?"),
+                    (row.to_string(), ttl),
+                )
+                .await
+                .expect("load fixture row");
+        }
+    }
+}
+
+fn read_fixture() -> Fixture {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(FIXTURE);
+    serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("parse")
+}
+
 /// A keyspace as the release before migration 3 left it (migrations 1 and
 /// 2, rows its binary wrote), upgraded by `idemd migrate`: ListPending finds
 /// every record that needed a decision, in the order of the old index, and
@@ -596,31 +632,13 @@ async fn records_pending_before_the_upgrade_are_found_after_it() {
         .await
         .expect("migrations 1 and 2");
     assert_eq!(report.applied, [1, 2]);
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(FIXTURE);
-    let fixture: Fixture =
-        serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("parse");
+    let fixture = read_fixture();
     let now = idemd::clock::Clock::now_ms(&idemd::clock::SystemClock);
     // The fixture's last write lands 5 s ago: the 1 s lease of "stuck" ran out.
     let delta = now - 5_000 - fixture.written_at_ms;
     let session = session().await;
     let keyspace = &options.keyspace;
-    for (table, rows, lwt) in [
-        ("records", &fixture.records, " IF NOT EXISTS"),
-        ("pending_index", &fixture.pending_index, ""),
-    ] {
-        for row in rows {
-            let (row, expires) = shifted(row, delta);
-            let ttl =
-                i32::try_from((expires.unwrap_or(now + 86_400_000) - now) / 1000).expect("ttl");
-            session
-                .query_unpaged(
-                    format!("INSERT INTO {keyspace}.{table} JSON ?{lwt} USING TTL ?"),
-                    (row, ttl),
-                )
-                .await
-                .expect("load fixture row");
-        }
-    }
+    load_fixture(&session, keyspace, &fixture, "upgrade", delta, now).await;
     assert_eq!(
         fixture.records.len(),
         5,
@@ -652,6 +670,85 @@ async fn records_pending_before_the_upgrade_are_found_after_it() {
     idemd::store::cql::migrate::execute_ddl(&session, format!("DROP KEYSPACE {keyspace}"))
         .await
         .expect("drop");
+}
+
+/// A rolling upgrade from the release before migration 3: the chart's
+/// pre-upgrade Job runs `idemd migrate` (nothing to copy yet), new replicas
+/// start, and replicas of the old release keep writing `pending_index`
+/// until they are replaced. The new replicas' sealers copy what they write
+/// (for a tenant both served, which has a cursor, and for one only old
+/// replicas served, which the sealer adopts), so ListPending lists every
+/// record an old replica left pending with no second `idemd migrate`.
+/// Fails without `LegacyIndex::follow` (nothing listed) or without
+/// `LegacyIndex::adopt_tenants` (nothing for the second tenant).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_old_replicas_write_during_a_rollout_are_listed_without_a_second_migrate() {
+    let mut options = crate::cql_support::options();
+    options.keyspace = format!("idemd_rollout_{}", std::process::id());
+    options.seal_grace = Duration::from_secs(2);
+    let replication = "{'class': 'SimpleStrategy', 'replication_factor': 1}";
+    let report = idemd::store::cql::migrate::run(&options, replication, "tests")
+        .await
+        .expect("migrate (the pre-upgrade Job)");
+    assert_eq!(report.applied, [1, 2, 3]);
+    let clock = || idemd::clock::Clock::now_ms(&idemd::clock::SystemClock);
+    let store = CqlStore::open(&options).await.expect("a new replica");
+    // The new replica serves "both" too: its cursor exists before the old
+    // replicas' entries land.
+    let fresh = claim_at("both", "served-by-new", clock(), 3_600_000);
+    assert!(matches!(
+        store
+            .insert_if_absent(&fresh, clock())
+            .await
+            .expect("claim"),
+        InsertOutcome::Inserted
+    ));
+    store
+        .replace_if(&done(&fresh, clock()), &Expected::matching(&fresh), clock())
+        .await
+        .expect("complete");
+
+    // The old replicas write now (the fixture, moved to this instant).
+    let fixture = read_fixture();
+    let session = session().await;
+    let written = clock();
+    for tenant in ["both", "only-old"] {
+        load_fixture(
+            &session,
+            &options.keyspace,
+            &fixture,
+            tenant,
+            written - fixture.written_at_ms,
+            written,
+        )
+        .await;
+    }
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut listed = std::collections::BTreeMap::new();
+    loop {
+        store.seal_pending_index(clock()).await.expect("seal");
+        for tenant in ["both", "only-old"] {
+            let mut keys = pending_keys(&store, tenant, clock()).await;
+            keys.sort();
+            listed.insert(tenant, keys);
+        }
+        if listed.values().all(|keys| keys == &FIXTURE_PENDING) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "ListPending after 60 s of sealing: {listed:?} (each tenant should list {FIXTURE_PENDING:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    store.close().await.expect("close");
+    idemd::store::cql::migrate::execute_ddl(
+        &session,
+        format!("DROP KEYSPACE {}", options.keyspace),
+    )
+    .await
+    .expect("drop");
 }
 
 /// A Complete's index delete runs after the reply (issue 27,

@@ -20,7 +20,7 @@ use std::time::Duration;
 use scylla::client::session::Session;
 use scylla::value::CqlValue;
 
-use super::pending::legacy::{LegacyReport, copy_legacy_index};
+use super::pending::legacy::{LegacyIndex, LegacyReport};
 use super::session::rows;
 use super::session::{CqlOptions, connect, validate_keyspace};
 use crate::store::StoreError;
@@ -57,7 +57,8 @@ pub const MIGRATIONS: &[Migration] = &[
 ];
 
 /// The migration that replaced `pending_index`: from it on, every run also
-/// copies what older releases wrote there ([`copy_legacy_index`]).
+/// copies what older releases wrote there ([`LegacyIndex::copy_all`]; the
+/// replicas' sealers copy what old replicas write after it).
 const BUCKETED_PENDING_INDEX: i32 = 3;
 
 /// A claim on a migration older than this is considered abandoned (its
@@ -319,7 +320,10 @@ pub async fn run_to(
     }
     if last >= BUCKETED_PENDING_INDEX {
         let grace = i64::try_from(options.seal_grace.as_millis()).unwrap_or(i64::MAX);
-        let copied = copy_legacy_index(&session, keyspace, grace, now_ms()).await?;
+        let copied = LegacyIndex::prepare(&session, keyspace)
+            .await?
+            .copy_all(&session, grace, now_ms())
+            .await?;
         if copied.entries > 0 {
             tracing::info!(
                 partitions = copied.partitions,

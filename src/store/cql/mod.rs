@@ -79,7 +79,7 @@ use super::{
 use crate::crypto::Keyring;
 use crash::crash_point;
 use pending::PendingIndex;
-pub use pending::legacy::{LegacyReport, copy_legacy_index};
+pub use pending::legacy::LegacyReport;
 pub use pending::{BUCKET_MS, SHARDS, SealReport, SealTiming};
 pub use records::CqlStats;
 use records::{Insert, Records};

@@ -4,8 +4,8 @@
 //! before the record write that makes a record due (here), deletes the
 //! entries a write made stale ([`cleanup`]), serves ListPending ([`scan`])
 //! and keeps every tenant's watermark behind the clock ([`seal`]). What an
-//! entry is and says is in [`entry`]; the upgrade from migration 1's
-//! `pending_index` in [`legacy`]. Entries are verified against the record
+//! entry is and says is in [`entry`]; migration 1's `pending_index`, which
+//! replicas of older releases still write during a rollout, in [`legacy`]. Entries are verified against the record
 //! table (`records::Records`) wherever they are read, so the index may hold
 //! extra entries, never miss one.
 //!
@@ -198,6 +198,10 @@ pub(super) struct PendingIndex {
     /// Cursor rows this replica asked to create: one per tenant and
     /// process when the creation is single-flight (tests check it).
     cursors_created: std::sync::atomic::AtomicU64,
+    /// Migration 1's index, which the sealer keeps copying from while
+    /// replicas of an older release may write it (`None`: the keyspace no
+    /// longer has it).
+    legacy: Option<legacy::LegacyIndex>,
 }
 
 /// This process's name in the rows it writes for other replicas to read.
@@ -217,6 +221,13 @@ impl PendingIndex {
             statements.bucket_delete.clone(),
             statements.overdue_delete.clone(),
         );
+        let legacy = match legacy::LegacyIndex::prepare(&session, &options.keyspace).await {
+            Ok(legacy) => Some(legacy),
+            Err(error) => {
+                tracing::info!(%error, "no pending_index of migration 1 to follow");
+                None
+            }
+        };
         Ok(Self {
             session,
             statements,
@@ -227,6 +238,7 @@ impl PendingIndex {
             cleaner,
             cursor_creation: tokio::sync::Mutex::new(()),
             cursors_created: std::sync::atomic::AtomicU64::new(0),
+            legacy,
         })
     }
 

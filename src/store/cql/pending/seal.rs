@@ -10,7 +10,9 @@
 //! 1. read the slice `[watermark, now - grace)` of every bucket partition it
 //!    covers (paged; it walks the tombstones of that slice once, on one
 //!    replica) and copy every entry that may still be pending (verified
-//!    against `records`, as readers do) into `pending_overdue`;
+//!    against `records`, as readers do) into `pending_overdue`; and the same
+//!    slice of migration 1's `pending_index`, which replicas of an older
+//!    release write during a rollout ([`super::legacy`]);
 //! 2. every 15 s, count the tenant's pending records (a ListPending walk)
 //!    for the gauges;
 //! 3. advance the watermark (and store the counts) with the LWT;
@@ -160,7 +162,25 @@ impl PendingIndex {
         let now_ms = now_ms.min(crate::clock::Clock::now_ms(&crate::clock::SystemClock));
         let mut report = SealReport::default();
         let mut first_error = None;
-        for cursor in self.all_cursors().await? {
+        let mut cursors = self.all_cursors().await?;
+        if let Some(legacy) = &self.legacy {
+            let known = cursors.iter().map(|c| c.tenant.clone()).collect();
+            match legacy.adopt_tenants(&self.session, &known, now_ms).await {
+                Ok(0) => {}
+                Ok(adopted) => {
+                    tracing::info!(
+                        adopted,
+                        "tenants only an older release served now have a cursor"
+                    );
+                    cursors = self.all_cursors().await?;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "looking for tenants in pending_index failed");
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        for cursor in cursors {
             self.tenants.saw_watermark(&cursor.tenant, cursor.watermark);
             match self
                 .seal_tenant(records, store, &cursor, now_ms, &mut report)
@@ -220,6 +240,11 @@ impl PendingIndex {
         report.moved += self
             .move_to_overdue(records, &cursor.tenant, old, target, now_ms)
             .await?;
+        if let Some(legacy) = &self.legacy {
+            report.moved += legacy
+                .follow(&self.session, &cursor.tenant, old, target, now_ms)
+                .await?;
+        }
         crash_point_in("seal-after-move", &cursor.tenant);
         let summary = match cursor.summary_at {
             Some(at) if now_ms - at < SUMMARY_EVERY_MS => None,
