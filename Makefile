@@ -40,9 +40,12 @@ cargo-test:
 	$(CARGO) test --doc
 
 ## cql-test: the store and gRPC suites, multi-replica and timeout tests on a
-## real Cassandra 5.0 cluster (scripts/cassandra.sh: jars from Maven Central).
+## real Cassandra 5.0 cluster (scripts/cassandra.sh: jars from Maven Central),
+## among them the previous release and this one serving one keyspace
+## (tests/cql/mixed_fleet_cql.rs; scripts/previous-release.sh builds it).
 cql-test:
-	scripts/with-cassandra.sh -- $(CARGO) test --features cql-tests --test cql
+	previous="$$(scripts/previous-release.sh)" && \
+	IDEMD_PREVIOUS_BIN="$$previous" scripts/with-cassandra.sh -- $(CARGO) test --features cql-tests --test cql
 
 ## cql-scale: one busy tenant's day on the CQL store (docs/scylla.md, "The
 ## pending index"): $(CQL_SCALE_PAIRS) Claim+Complete pairs of ONE tenant
@@ -190,7 +193,8 @@ faults-smoke:
 ## then a 3-node Cassandra cluster (scripts/cassandra.sh) under two idemd
 ## replicas (commitlog_sync: batch): a node killed and restarted, a node
 ## paused (SIGSTOP) past the request timeout, one replica's clock moved ±3 s
-## (libfaketime), quorum lost and regained three
+## (libfaketime), the previous release and this one serving together
+## through a rolling update (cql-mixed-fleet), quorum lost and regained three
 ## times in a row, the whole cluster SIGKILLed and restarted three times;
 ## then the partitions (a node cut off, a replica cut from a quorum, a
 ## majority/minority split; 10 s each) on a cluster in a network namespace of
@@ -199,8 +203,9 @@ faults-smoke:
 faults:
 	scripts/test-deps.sh
 	$(CARGO) build --release -p idemd -p idemd-faults
+	previous="$$(scripts/previous-release.sh)" && \
 	$(TARGET_DIR)/release/idemd-faults --profile full --idemd-bin $(TARGET_DIR)/release/idemd \
-		--json $(TARGET_DIR)/faults.json
+		--previous-bin "$$previous" --json $(TARGET_DIR)/faults.json
 
 ## bench-soak: P5's soak: idemd-embedded, mixed workload, open loop at 50% of
 ## the measured maximum for $(SOAK); fails on errors or RSS growth.

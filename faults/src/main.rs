@@ -16,7 +16,9 @@
 //! * `scenarios::embedded`: the embedded store's faults (kill -9, SIGSTOP,
 //!   a torn log, damaged pages, a full disk).
 //! * `scenarios::cql`: Cassandra nodes killed, paused, the quorum lost, the
-//!   whole cluster restarted, under two replicas (full profile only).
+//!   whole cluster restarted, under two replicas; the previous release and
+//!   this one serving together through a rolling update (full profile
+//!   only).
 //! * `scenarios::skew`: one of two replicas on the cluster with its wall
 //!   clock moved (libfaketime), leases taken over.
 //! * `scenarios::partition`: links cut between the nodes and the replicas,
@@ -67,7 +69,7 @@ struct Args {
     idemd_bin: PathBuf,
     /// Only these scenarios (kill9, pause, torn-wal, corrupt-page,
     /// damage-unscrubbed, backup-restore, full-disk, cql-node-kill, cql-node-pause, cql-quorum-loss,
-    /// cql-cluster-restart, cql-clock-skew, cql-partition-node,
+    /// cql-cluster-restart, cql-clock-skew, cql-mixed-fleet, cql-partition-node,
     /// cql-partition-replica, cql-partition-split; of the CQL ones the
     /// short profile runs the clock skew and the partitions).
     #[arg(long, value_delimiter = ',')]
@@ -78,6 +80,11 @@ struct Args {
     /// Keeps each server's log here (default: a temp dir, removed).
     #[arg(long)]
     log_dir: Option<PathBuf>,
+    /// The previous release's binary (`scripts/previous-release.sh`):
+    /// `cql-mixed-fleet` runs it beside `--idemd-bin`; without it that
+    /// scenario is skipped, and the run says so.
+    #[arg(long)]
+    previous_bin: Option<PathBuf>,
     /// The test cluster's script (CQL scenarios).
     #[arg(long, default_value = "scripts/cassandra.sh")]
     cassandra_script: PathBuf,
@@ -192,6 +199,7 @@ async fn main() -> anyhow::Result<()> {
         "cql-quorum-loss",
         "cql-cluster-restart",
         "cql-clock-skew",
+        "cql-mixed-fleet",
     ]
     .into_iter()
     .any(wanted)
@@ -214,6 +222,17 @@ async fn main() -> anyhow::Result<()> {
             if wanted("cql-clock-skew") {
                 for one in skew::clock_skew(&cluster, &setup).await? {
                     report(one);
+                }
+            }
+            if wanted("cql-mixed-fleet") {
+                match &args.previous_bin {
+                    Some(previous) => {
+                        report(cql::mixed_fleet(&cluster, &cql_setup, previous).await?);
+                    }
+                    None => eprintln!(
+                        "cql-mixed-fleet: skipped: no --previous-bin (`make faults` passes \
+                         scripts/previous-release.sh's)"
+                    ),
                 }
             }
             if wanted("cql-quorum-loss") {

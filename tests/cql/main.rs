@@ -28,6 +28,7 @@ mod cql_cluster;
 mod encryption_cql;
 mod grpc_cql;
 mod keys_cql;
+mod mixed_fleet_cql;
 mod pending_cql;
 mod proxy_cql;
 mod round_trips_cql;

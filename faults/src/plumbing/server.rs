@@ -79,6 +79,12 @@ impl Server {
         self
     }
 
+    /// Runs `bin` from the next start on (same address, data directory and
+    /// flags): a rolling update's replacement of one replica.
+    pub fn replace_binary(&mut self, bin: &Path) {
+        self.bin = bin.to_path_buf();
+    }
+
     /// Starts the process and waits until it answers with its store open;
     /// returns how long that took. Fails (with the end of its log) if the
     /// process exits first.
