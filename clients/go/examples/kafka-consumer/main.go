@@ -259,6 +259,7 @@ func run(cfg config) error {
 func processUntilDecided(stop context.Context, process func(context.Context, idemd.Message) idemd.Outcome,
 	msg idemd.Message, counts *tally) bool {
 	pause := 100 * time.Millisecond
+	counts.begin()
 	for {
 		// Not stop: a message begun is finished on SIGTERM.
 		out := process(context.Background(), msg)
@@ -280,14 +281,24 @@ func processUntilDecided(stop context.Context, process func(context.Context, ide
 // runner's count of skipped duplicates (a killed consumer prints no
 // summary). Positions only: keys and values stay out of logs.
 type tally struct {
-	mu     sync.Mutex
-	counts [idemd.Retry + 1]int
+	mu          sync.Mutex
+	counts      [idemd.Retry + 1]int
+	first, last time.Time // the first message's start, the last one's end
+}
+
+func (t *tally) begin() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.first.IsZero() {
+		t.first = time.Now()
+	}
 }
 
 func (t *tally) add(out idemd.Outcome, msg idemd.Message) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.counts[out.Action]++
+	t.last = time.Now()
 	if out.Action != idemd.Executed {
 		fmt.Printf("outcome=%s partition=%d offset=%d\n", out.Action, msg.Partition, msg.Offset)
 	}
@@ -296,8 +307,10 @@ func (t *tally) add(out idemd.Outcome, msg idemd.Message) {
 func (t *tally) print() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	fmt.Printf("summary executed=%d duplicates=%d dead_lettered=%d retries=%d\n", t.counts[idemd.Executed],
-		t.counts[idemd.Duplicate], t.counts[idemd.DeadLettered], t.counts[idemd.Retry])
+	// span_ms: first message in to last message out, the throughput bench's
+	// clock (group joins and idle polls left out).
+	fmt.Printf("summary executed=%d duplicates=%d dead_lettered=%d retries=%d span_ms=%d\n", t.counts[idemd.Executed],
+		t.counts[idemd.Duplicate], t.counts[idemd.DeadLettered], t.counts[idemd.Retry], t.last.Sub(t.first).Milliseconds())
 }
 
 func idemdClient(cfg config) (*idemd.Client, error) {
