@@ -8,8 +8,16 @@
 //	IDEMD_TOKEN=... kafka-consumer -brokers 127.0.0.1:9092 -topic payments -group payments \
 //	  -idemd 127.0.0.1:50051 -insecure -ledger ledger.txt -dead-letters dead.jsonl
 //
-// The tenant token comes from IDEMD_TOKEN, not a flag, so that it does not
-// show in the process list. Run with -h for the other settings.
+// The settings of consumer-scenarios.md are flags: -brokers, -topic,
+// -group; -idemd (with -insecure for plaintext); -endpoint (default
+// kafka:<topic>); -key-header; -lease; -handler-ms; -ledger;
+// -dead-letters; -kill-in-handler-after N; -kill-after N; -no-helper. The
+// tenant token comes from IDEMD_TOKEN, not a flag, so that it does not show
+// in the process list.
+//
+// It prints a line per outcome other than executed (outcome=duplicate
+// partition=P offset=O: positions only, never keys or values) and, on
+// exit, a summary with the counts.
 //
 // The loop: poll (the client's default fetch), hand each record to
 // ProcessMessage in partition order, retry a record in place while its
@@ -146,8 +154,8 @@ func run(cfg config) error {
 		}
 		return nil
 	}
-	// Idempotent enough for the ledger's reader: a repeated line of one
-	// message is the same line.
+	// A repeated call appends the same line again; readers of the file
+	// take the set of messages, which makes the hook idempotent.
 	deadLetter := func(_ context.Context, msg idemd.Message, reason string) error {
 		line, err := json.Marshal(struct {
 			Message int    `json:"message"`
