@@ -2,9 +2,9 @@
 //
 // A Client exposes the raw RPCs of idemd.v1.Idempotency (Claim, Complete,
 // Fail, ExtendLease, Lookup, ListPending, Reconcile) with credentials and a
-// default deadline applied, and the executor helper ExecuteOnce, which runs a
+// default deadline applied, the executor helper ExecuteOnce, which runs a
 // handler at most once per idempotency key across retries, processes and
-// machines. See docs/sdk.md in the idemd repository for the contract.
+// machines, and on it the HTTP Middleware and the message Consumer. See docs/sdk.md in the idemd repository for the contract.
 //
 // The SDK never logs; error messages never contain raw keys or bodies.
 package idemd

@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -84,9 +83,14 @@ func TestConsumerModule(t *testing.T) {
 		t.Fatalf("temporary directory %s is inside the repository %s: set TMPDIR elsewhere", tmp, root)
 	}
 	checkout := filepath.Join(tmp, "idemd")
-	copyShippedFiles(t, root, "clients/go", checkout)
+	if err := testserver.CopyShippedFiles(root, "clients/go", checkout); err != nil {
+		t.Fatal(err)
+	}
 
-	recipe := readmeBlock(t, "sh", "-replace=")
+	recipe, err := testserver.ReadmeBlock("README.md", "sh", "-replace=")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if strings.Count(recipe, checkoutPlaceholder) != 1 {
 		t.Fatalf("the README's replace recipe should name the checkout as %s exactly once:\n%s", checkoutPlaceholder, recipe)
 	}
@@ -135,60 +139,4 @@ func TestConsumerModule(t *testing.T) {
 	if got != want {
 		t.Errorf("the consumer program printed\n%s\nwant\n%s", got, want)
 	}
-}
-
-// copyShippedFiles copies the files git would ship under dir of the
-// repository at root (tracked, and untracked but not ignored) to the same
-// relative paths under dest.
-func copyShippedFiles(t *testing.T, root, dir, dest string) {
-	t.Helper()
-	git, err := exec.LookPath("git")
-	if err != nil {
-		t.Fatal("git is needed to list the files the SDK ships: ", err)
-	}
-	list, err := exec.Command(git, "-C", root, "ls-files", "-z", "-co", "--exclude-standard", "--", dir).Output()
-	if err != nil {
-		t.Fatalf("git ls-files: %v", err)
-	}
-	files := strings.Split(strings.TrimSuffix(string(list), "\x00"), "\x00")
-	if len(files) < 2 {
-		t.Fatalf("git ls-files lists %d files under %s", len(files), dir)
-	}
-	for _, rel := range files {
-		src := filepath.Join(root, rel)
-		info, err := os.Stat(src)
-		if os.IsNotExist(err) {
-			continue // tracked but deleted in the work tree: not shipped by this checkout
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, err := os.ReadFile(src)
-		if err != nil {
-			t.Fatal(err)
-		}
-		target := filepath.Join(dest, rel)
-		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(target, data, info.Mode().Perm()); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// readmeBlock is the first ```lang block of README.md that contains marker.
-func readmeBlock(t *testing.T, lang, marker string) string {
-	t.Helper()
-	readme, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range regexp.MustCompile("(?s)```"+regexp.QuoteMeta(lang)+"\n(.*?)```").FindAllSubmatch(readme, -1) {
-		if bytes.Contains(m[1], []byte(marker)) {
-			return string(m[1])
-		}
-	}
-	t.Fatalf("README.md has no ```%s block containing %q", lang, marker)
-	return ""
 }

@@ -5,7 +5,6 @@ package idemd_test
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,13 +28,9 @@ var payment = idemd.HTTPRequest{Method: "POST", Path: "/v1/payments", ContentTyp
 
 func credential(t *testing.T, name string) string {
 	t.Helper()
-	var file struct {
-		Credentials map[string]string `json:"credentials"`
-	}
-	readJSON(t, filepath.Join(testserver.ConformanceDir(), "scenarios.json"), &file)
-	token, ok := file.Credentials[name]
-	if !ok {
-		t.Fatalf("no credential %q in scenarios.json", name)
+	token, err := testserver.Credential(name)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return token
 }

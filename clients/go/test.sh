@@ -5,8 +5,10 @@
 # conformance scenarios against a live idemd, the TLS options against an idemd
 # serving mTLS, the README program, a consumer module outside the repository,
 # the middleware in ServeMux and chi against the shared HTTP scenarios, the
-# HTTP example), then the latency checks on their own. Runnable from
-# any directory; idempotent.
+# HTTP example, the consumer helper), the consumer scenarios and the README's
+# consumer block against a Kafka broker (examples/kafka-consumer, its own
+# module, under scripts/kafka.sh run), then the latency checks on their own.
+# Runnable from any directory; idempotent.
 #
 #   IDEMD_BIN=/path/to/idemd IDEMD_TEST_CERTS=/path/to/test-certs clients/go/test.sh
 #
@@ -16,7 +18,8 @@
 #
 # Installs what is missing: Go (apt; a toolchain recent enough for go.mod from
 # the Go module proxy), mvn + unzip for scripts/protoc.sh (apt), the protoc
-# plugins (go install, into clients/go/.bin), the Go modules (module proxy).
+# plugins (go install, into clients/go/.bin), the Go modules (module proxy);
+# scripts/kafka.sh fetches the broker's jars (Maven Central) and needs java.
 # GO_TEST_FLAGS adds flags to go test (e.g. -v).
 set -euo pipefail
 
@@ -74,6 +77,12 @@ if [ ! -x "$root/.cache/protoc/$protoc_version/protoc" ]; then
   [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
 fi
 
+# scripts/kafka.sh runs the broker on java and fetches its jars with mvn.
+missing=()
+command -v java >/dev/null 2>&1 || missing+=(default-jre-headless)
+command -v mvn >/dev/null 2>&1 || missing+=(maven)
+[ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
+
 cd "$here"
 # The stubs are committed (a module is compiled as published), so the build
 # below uses gen/ as it is; this only proves gen/ matches the proto.
@@ -91,6 +100,16 @@ go vet ./...
 echo "== go test (idemd: $IDEMD_BIN, certificates: ${IDEMD_TEST_CERTS:-unset})"
 # -count=1: results depend on the idemd binary, so never reuse cached ones.
 go test -count=1 ${GO_TEST_FLAGS:-} -skip '^(TestReplayLatency|TestMiddlewareLatency)$' ./...
+echo "== consumer scenarios against a Kafka broker (examples/kafka-consumer, scripts/kafka.sh run)"
+# Its own module (franz-go stays out of the SDK's), so ./... above skips it.
+# IDEMD_TEST_KAFKA_REQUIRED: without a broker address the tests fail rather
+# than skip.
+(
+  cd "$here/examples/kafka-consumer"
+  go vet ./...
+  IDEMD_TEST_KAFKA_REQUIRED=1 "$root/scripts/kafka.sh" run -- \
+    go test -count=1 ${GO_TEST_FLAGS:-} ./...
+)
 # Alone, so that the parallel tests above do not skew the timings; -v shows
 # the p50/p99 line.
 echo "== latency checks (idemd: $IDEMD_BIN)"

@@ -261,3 +261,23 @@ func (t *tail) String() string {
 	}
 	return out
 }
+
+// Credential is the bearer token of tenant name (alice, bob) from the
+// "credentials" of clients/conformance/scenarios.json.
+func Credential(name string) (string, error) {
+	data, err := os.ReadFile(filepath.Join(ConformanceDir(), "scenarios.json"))
+	if err != nil {
+		return "", err
+	}
+	var file struct {
+		Credentials map[string]string `json:"credentials"`
+	}
+	if err := json.Unmarshal(data, &file); err != nil {
+		return "", fmt.Errorf("scenarios.json: %w", err)
+	}
+	token, ok := file.Credentials[name]
+	if !ok {
+		return "", fmt.Errorf("no credential %q in scenarios.json", name)
+	}
+	return token, nil
+}
