@@ -45,17 +45,6 @@ def seconds(text: str) -> float:
     return float(number) / (1000 if unit == "ms" else 1)
 
 
-@pytest.fixture(scope="module")
-def brokers() -> str:
-    found = os.environ.get("IDEMD_TEST_KAFKA_BROKERS")
-    if not found:
-        if os.environ.get("IDEMD_TEST_KAFKA_REQUIRED"):
-            pytest.fail("IDEMD_TEST_KAFKA_BROKERS is unset: the consumer scenarios need a broker "
-                        "(test.sh runs pytest under scripts/kafka.sh run -- ...)", pytrace=False)
-        pytest.skip("IDEMD_TEST_KAFKA_BROKERS is unset (clients/python/test.sh starts a broker)")
-    return found
-
-
 @dataclass
 class Played:
     ledger: List[int]
