@@ -192,12 +192,19 @@ def test_keys_come_from_the_named_header_or_the_position(alice: idemd.Client) ->
     with pytest.raises(idemd.MissingKeyError, match="no 'idempotency-key' header"):
         by_header.process(Message(b"v", [("message-id", b"m1")]), seen.handler)
     by_position = processor(alice, seen, key_header=None, key_by_position=True)
-    assert by_position.key_of(Message(b"", [], "orders", 3, 42)) == "orders/3/42"
+    assert by_position.key_of(Message(b"", [], "orders", 3, 42)) == "orders-3-42"
+    # Topics may hold "." and "_", keys may not hold "."; distinct topics stay distinct keys.
+    assert by_position.key_of(Message(b"", [], "eu.orders_v2", 0, 7)) == "eu_dorders__v2-0-7"
+    assert by_position.key_of(Message(b"", [], "eu_dorders", 0, 7)) == "eu__dorders-0-7"
+    topic = "position-" + secrets.token_hex(4) + ".orders"
+    delivered = Message(b'{"n":1}', [], topic, 1, 9)
+    assert [by_position.process(delivered, seen.handler).outcome for _ in range(2)] == [Outcome.EXECUTED, Outcome.DUPLICATE]
+    assert by_position.process(Message(b'{"n":1}', [], topic, 1, 10), seen.handler).outcome is Outcome.EXECUTED
     with pytest.raises(ValueError, match="exactly one key source"):
         processor(alice, seen, key_by_position=True)
     with pytest.raises(ValueError, match="exactly one key source"):
         processor(alice, seen, key_header=None)
-    assert seen.runs == []
+    assert len(seen.runs) == 2 and seen.dead == []
 
 
 def test_the_async_processor_has_the_same_outcomes(server: Server) -> None:

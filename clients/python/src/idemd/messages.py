@@ -45,6 +45,7 @@ __all__ = ["AsyncMessageProcessor", "Message", "MessageProcessor", "MissingKeyEr
 log = logging.getLogger("idemd")
 
 HeaderValue = Union[bytes, str, None]
+MAX_KEY_CHARS = 255
 
 
 @dataclass(frozen=True)
@@ -123,9 +124,18 @@ class _Processor:
         self.ttl = ttl
 
     def key_of(self, message: Message) -> str:
-        """The message's idempotency key (raises :class:`MissingKeyError` when its header is absent)."""
+        """The message's idempotency key (raises :class:`MissingKeyError` when its header is
+        absent). A header value outside idemd's key alphabet (``[A-Za-z0-9_-]``, 1 to 255
+        characters) makes :meth:`process` raise idemd's ``INVALID_ARGUMENT``."""
         if self.key_header is None:
-            return f"{message.topic}/{message.partition}/{message.offset}"
+            # idemd keys are [A-Za-z0-9_-]: "/" cannot separate, and topics may hold "." and "_".
+            # Escaping "_" as "__" and "." as "_d" keeps distinct topics distinct; partition and
+            # offset are digits, so "-" separates them unambiguously from the right.
+            topic = message.topic.replace("_", "__").replace(".", "_d")
+            key = f"{topic}-{message.partition}-{message.offset}"
+            if len(key) > MAX_KEY_CHARS:
+                raise ValueError(f"topic name too long for a position key ({len(key)} > {MAX_KEY_CHARS}): use key_header")
+            return key
         found: HeaderValue = None
         for name, value in message.headers:
             if name == self.key_header:
@@ -198,7 +208,8 @@ class MessageProcessor(_Processor):
     ``endpoint`` is the idemd endpoint the keys live under (``"kafka:<topic>"``).
     The key is the value of header ``key_header`` (the producer's idempotency key
     or message id; a message without it raises :class:`MissingKeyError`), or with
-    ``key_by_position=True`` ``"<topic>/<partition>/<offset>"``: that needs no
+    ``key_by_position=True`` ``"<topic>-<partition>-<offset>"`` (in the topic, ``_`` written
+    ``__`` and ``.`` written ``_d``: idemd keys are ``[A-Za-z0-9_-]``): that needs no
     producer cooperation but only catches redeliveries of one record, not a
     producer that sends the same message twice (its retry gets a new offset).
 
