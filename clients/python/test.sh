@@ -3,8 +3,9 @@
 # generates the gRPC stubs from proto/idemd/v1/idempotency.proto, and runs every
 # test (vectors, conformance scenarios, README, the ASGI/WSGI middleware in FastAPI and Flask
 # against the shared HTTP scenarios, @idempotent, HTTP example, executor, TLS/mTLS,
-# packaging, the README's install into a fresh venv, replay latency) against a real idemd started from $IDEMD_BIN (default:
-# <repo>/target/debug/idemd). The TLS test takes its certificates from
+# packaging, the README's install into a fresh venv, the message-consumer helper, the consumer
+# scenarios against a Kafka broker from scripts/kafka.sh, replay latency) against a real idemd
+# started from $IDEMD_BIN (default: <repo>/target/debug/idemd). The TLS test takes its certificates from
 # $IDEMD_TEST_CERTS (written by `make test-certs`) and fails when it is unset.
 #
 #   IDEMD_BIN=target/release/idemd IDEMD_TEST_CERTS=target/test-certs clients/python/test.sh [pytest args...]
@@ -54,9 +55,21 @@ fi
 # Stubs from the proto, every run (fast; never committed).
 "$venv/bin/python" "$sdk/build_protos.py" >/dev/null
 
+# The consumer scenarios (tests/test_kafka_consumer.py) need a Kafka broker: a fresh one from
+# scripts/kafka.sh for this run, unless $IDEMD_TEST_KAFKA_BROKERS already names one. Run from
+# here, the scenarios fail without a broker rather than skip (a skipped suite hides a broken setup).
+export IDEMD_TEST_KAFKA_REQUIRED=1
+with_kafka=()
+if [ -z "${IDEMD_TEST_KAFKA_BROKERS:-}" ] && [ -x "$repo/scripts/kafka.sh" ]; then
+  case " $* " in
+    *" --collect-only "*) ;; # bench/prepare.sh only wants the venv
+    *) with_kafka=("$repo/scripts/kafka.sh" run --) ;;
+  esac
+fi
+
 cd "$sdk"
 set +e
-"$venv/bin/python" -m pytest "$@"
+"${with_kafka[@]}" "$venv/bin/python" -m pytest "$@"
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then

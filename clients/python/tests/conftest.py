@@ -145,3 +145,16 @@ def server() -> Iterator[Server]:
 def alice(server: Server) -> Iterator[idemd.Client]:
     with server.client("alice") as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def brokers() -> str:
+    """The Kafka broker test.sh started (scripts/kafka.sh run): from test.sh a missing one fails
+    the tests that need it (a skipped suite hides a broken setup); pytest alone skips them."""
+    found = os.environ.get("IDEMD_TEST_KAFKA_BROKERS")
+    if not found:
+        if os.environ.get("IDEMD_TEST_KAFKA_REQUIRED"):
+            pytest.fail("IDEMD_TEST_KAFKA_BROKERS is unset: the consumer scenarios need a broker "
+                        "(test.sh runs pytest under scripts/kafka.sh run -- ...)", pytrace=False)
+        pytest.skip("IDEMD_TEST_KAFKA_BROKERS is unset (clients/python/test.sh starts a broker)")
+    return found

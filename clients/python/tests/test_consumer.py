@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -65,23 +66,42 @@ def test_readme_install_section_is_what_this_test_runs() -> None:
     assert install_commands() == [VENV, INSTALL]
 
 
-@pytest.mark.consumer
-def test_fresh_project_installs_the_wheel_and_runs(server: Server, tmp_path: Path) -> None:
+@dataclass
+class FreshProject:
+    checkout: Path
+    root: Path
+    bin: Path
+    env: dict
+    pins: dict
+
+
+@pytest.fixture(scope="module")
+def fresh_project(server: Server, tmp_path_factory: pytest.TempPathFactory) -> FreshProject:
+    tmp_path = tmp_path_factory.mktemp("fresh")
     checkout = tmp_path / "checkout"
     clean_checkout(checkout)
     # The block as written, as one script (its venv stays active for the
     # install). pip builds the wheel with build isolation, as for a user: the
     # build requirements come from pyproject.toml, not from this venv.
     run("set -e\n" + "\n".join(install_commands()), checkout, Path(sys.executable).parent)
-
     # A fresh project elsewhere, on the environment the block made.
     consumer = tmp_path / "consumer"
     consumer.mkdir()
-    consumer_bin = checkout / ".venv" / "bin"
-
-    (consumer / "app.py").write_text(PROGRAM, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(IDEMD_ADDR=server.address, IDEMD_TOKEN=CREDENTIALS["alice"])
+    pins = {
+        line.split("==")[0].lower(): line.strip()
+        for line in (SDK_ROOT / "requirements-dev.txt").read_text(encoding="utf-8").splitlines()
+        if "==" in line and not line.startswith("#")
+    }
+    return FreshProject(checkout, consumer, checkout / ".venv" / "bin", env, pins)
+
+
+@pytest.mark.consumer
+def test_fresh_project_installs_the_wheel_and_runs(fresh_project: FreshProject) -> None:
+    checkout, consumer, consumer_bin, env, pins = (
+        fresh_project.checkout, fresh_project.root, fresh_project.bin, fresh_project.env, fresh_project.pins)
+    (consumer / "app.py").write_text(PROGRAM, encoding="utf-8")
     done = subprocess.run(
         [str(consumer_bin / "python"), "app.py"],
         cwd=consumer, env=env, capture_output=True, text=True, timeout=60,
@@ -93,11 +113,6 @@ def test_fresh_project_installs_the_wheel_and_runs(server: Server, tmp_path: Pat
     # The README's FastAPI block, as written, in the same fresh project: the
     # framework installed next to the SDK as the README says (at the versions
     # this suite pins), served by uvicorn, one payment posted twice.
-    pins = {
-        line.split("==")[0].lower(): line.strip()
-        for line in (SDK_ROOT / "requirements-dev.txt").read_text(encoding="utf-8").splitlines()
-        if "==" in line and not line.startswith("#")
-    }
     run(f"pip install -q {pins['fastapi']} {pins['uvicorn']}", consumer, consumer_bin)
     readme = (SDK_ROOT / "README.md").read_text(encoding="utf-8")
     block = next(b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "IdempotencyMiddleware, routes=" in b)
@@ -128,3 +143,47 @@ def test_fresh_project_installs_the_wheel_and_runs(server: Server, tmp_path: Pat
     finally:
         served.terminate()
         served.wait(10)
+
+
+# The Consumers section's install line; the test installs it at the version this suite pins.
+KAFKA_INSTALL = "pip install confluent-kafka"
+
+
+@pytest.mark.consumer
+def test_fresh_project_runs_the_readme_kafka_block(fresh_project: FreshProject, brokers: str) -> None:
+    """The README's Kafka block, as written, in the fresh project: one message produced twice
+    (same key header, same value) is charged once, both offsets are committed, SIGTERM exits 0."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from test_kafka_consumer import committed
+
+    readme = (SDK_ROOT / "README.md").read_text(encoding="utf-8")
+    section = re.search(r"^## Consumers\n(.*?)(?=^## )", readme, flags=re.S | re.M)
+    assert section, "README.md has no '## Consumers' section"
+    assert re.findall(r"```sh\n(.*?)```", section.group(1), flags=re.S) == [KAFKA_INSTALL + "\n"]
+    run(f"pip install -q {fresh_project.pins['confluent-kafka']}", fresh_project.root, fresh_project.bin)
+    [block] = [b for b in re.findall(r"```python\n(.*?)```", section.group(1), flags=re.S) if "MessageProcessor(" in b]
+    (fresh_project.root / "consume.py").write_text(block, encoding="utf-8")
+
+    topic = "readme-orders-" + secrets.token_hex(4)
+    admin = AdminClient({"bootstrap.servers": brokers})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    producer = Producer({"bootstrap.servers": brokers})
+    key = ("order-" + secrets.token_hex(6)).encode()
+    for _ in range(2):  # a producer's retry: the same message, the same key
+        producer.produce(topic, value=b'{"amount": 100}', headers=[("idempotency-key", key)])
+    assert producer.flush(30) == 0
+    env = dict(fresh_project.env, KAFKA_BROKERS=brokers, KAFKA_TOPIC=topic)
+    consuming = subprocess.Popen([str(fresh_project.bin / "python"), "consume.py"], cwd=fresh_project.root,
+                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while committed(admin, "billing", topic, 1)[0] < 2:
+            assert consuming.poll() is None, consuming.communicate()
+            assert time.monotonic() < deadline, "the README block did not commit both offsets within 60 s"
+            time.sleep(0.3)
+    finally:
+        consuming.terminate()
+        out, err = consuming.communicate(timeout=30)
+    assert consuming.returncode == 0, err
+    assert out.splitlines() == ["charged 100"], out + err

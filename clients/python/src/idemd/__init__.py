@@ -27,19 +27,26 @@ from .errors import (
     StillInProgressError,
 )
 from .fingerprint import FingerprintError, canonical_body, fingerprint_v1
+from .messages import AsyncMessageProcessor, Message, MessageProcessor, MissingKeyError, Outcome, Processed
 from .types import Execution, Request, Response, Result
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncMessageProcessor",
     "Client",
     "Execution",
     "FingerprintError",
     "IdemdError",
     "IdempotencyError",
     "KeyReuseError",
+    "Message",
+    "MessageProcessor",
+    "MissingKeyError",
     "NoSideEffect",
+    "Outcome",
     "OutcomePendingError",
+    "Processed",
     "Request",
     "Response",
     "Result",

@@ -1,0 +1,87 @@
+"""Messages/s of examples/kafka_consumer.py with and without MessageProcessor (issue 39).
+
+One consumer, a fresh topic per run (``--partitions``, default 4) holding ``--messages`` (default
+10,000) distinct messages, the client's default fetch (confluent-kafka's prefetch, one ``poll`` per
+message), handler ms 0, against an idemd started here from ``--idemd-bin`` (the release build).
+The rate counts from the first side effect to the last (group join and start-up excluded); the
+total from the consumer's start is printed beside it. bench/consumer.sh runs it under
+scripts/kafka.sh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent / "tests"), str(HERE.parent / "src")]
+
+from conftest import CREDENTIALS, start_server  # noqa: E402
+from test_kafka_consumer import PROGRAM, committed, lines, produce  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+
+def one_run(brokers: str, idemd: str, messages: int, partitions: int, helper: bool, tmp: Path) -> dict:
+    topic = f"bench-{secrets.token_hex(4)}"
+    admin = AdminClient({"bootstrap.servers": brokers})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+    ends = produce(brokers, topic, secrets.token_hex(6), {"produce": {"messages": messages}}, partitions, "idempotency-key")
+    ledger = tmp / f"{topic}.ledger"
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent / "src"), IDEMD_TOKEN=CREDENTIALS["alice"])
+    args = [sys.executable, str(PROGRAM), "--brokers", brokers, "--topic", topic, "--group", f"g-{topic}",
+            "--idemd", idemd, "--ledger", str(ledger), "--dead-letters", str(tmp / f"{topic}.dead")]
+    started = time.monotonic()
+    consumer = subprocess.Popen(args + ([] if helper else ["--no-helper"]), env=env, stdout=subprocess.DEVNULL)
+    first = None
+    try:
+        while True:
+            count = len(lines(ledger))
+            now = time.monotonic()
+            if count and first is None:
+                first = (now, count)
+            if count >= messages:
+                break
+            if consumer.poll() is not None or now - started > 600:
+                raise SystemExit(f"consumer stopped at {count} of {messages} messages")
+            time.sleep(0.01)
+        while committed(admin, f"g-{topic}", topic, partitions) != ends:
+            time.sleep(0.05)
+    finally:
+        consumer.send_signal(signal.SIGTERM)
+        consumer.wait(30)
+        admin.delete_topics([topic])
+    return {
+        "mode": "helper" if helper else "no helper",
+        "messages_per_s": round((count - first[1]) / (now - first[0])),
+        "total_s_from_start": round(now - started, 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--brokers", default=os.environ.get("IDEMD_TEST_KAFKA_BROKERS"))
+    parser.add_argument("--idemd-bin", default=os.environ.get("IDEMD_BIN"), required="IDEMD_BIN" not in os.environ)
+    parser.add_argument("--messages", type=int, default=10_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    if not args.brokers:
+        raise SystemExit("no broker: pass --brokers or run under scripts/kafka.sh run --")
+    os.environ["IDEMD_BIN"] = args.idemd_bin
+    with start_server() as server, tempfile.TemporaryDirectory(prefix="idemd-consumer-bench-") as tmp:
+        for _ in range(args.rounds):
+            for helper in (False, True):
+                print(json.dumps(one_run(args.brokers, server.address, args.messages, args.partitions, helper, Path(tmp))),
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,324 @@
+"""Message consumers: each message's side effect once per key, whatever the broker.
+
+::
+
+    processor = MessageProcessor(client, "kafka:orders", key_header="idempotency-key", lease=30.0,
+                                 dead_letter=lambda message, reason: park(message, reason))
+    for record in records:
+        done = processor.process(Message(record.value(), record.headers(), record.topic(),
+                                         record.partition(), record.offset()), handle)
+        if not done.may_commit:
+            break  # RETRY: process this record again before any later one of its partition
+        commit(record)
+
+Broker-agnostic: the caller builds a :class:`Message` from its client's record.
+The rules (docs/sdk.md, "Consumers"):
+
+- **Commit rule:** commit a message's offset once :meth:`MessageProcessor.process`
+  returns EXECUTED, DUPLICATE or DEAD_LETTERED (``may_commit``); never after
+  RETRY, which must be processed again before any later message of its partition.
+- **Dead-letter rule:** a message whose earlier attempt failed or whose outcome
+  is unknown (the handler raised, a consumer died inside it, its lease ran out or
+  was taken over) or whose key came with another value is never executed again:
+  the dead-letter hook gets it with the reason. The hook runs at least once per
+  such delivery (a crash before the commit delivers it again): make it idempotent.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Optional, Sequence, Tuple, Union
+
+from . import _executor as ex
+from ._grpc_util import key_hash
+from .aio import AsyncClient
+from .client import Client
+from .errors import IdemdError, KeyReuseError, OutcomePendingError, RpcError, StillInProgressError
+from .types import Execution, Request, Response, Result
+
+__all__ = ["AsyncMessageProcessor", "Message", "MessageProcessor", "MissingKeyError", "Outcome", "Processed"]
+
+log = logging.getLogger("idemd")
+
+HeaderValue = Union[bytes, str, None]
+MAX_KEY_CHARS = 255
+
+
+@dataclass(frozen=True)
+class Message:
+    """One delivery of a message, built by the caller from its broker client's record."""
+
+    value: bytes
+    #: In the broker's order; Kafka allows a name to repeat (the last one counts).
+    headers: Sequence[Tuple[str, HeaderValue]] = ()
+    topic: str = ""
+    partition: int = -1
+    offset: int = -1
+
+
+class Outcome(enum.Enum):
+    """What :meth:`MessageProcessor.process` did with a delivery."""
+
+    #: The handler ran and its result is stored.
+    EXECUTED = "executed"
+    #: An earlier delivery ran it: the handler did not run; ``value`` is that run's.
+    DUPLICATE = "duplicate"
+    #: The dead-letter hook was called with ``reason``; the handler did not run, or raised.
+    DEAD_LETTERED = "dead_lettered"
+    #: Nothing decided (another consumer holds the key past ``max_wait``, or idemd is
+    #: unreachable): do not commit; process this message again.
+    RETRY = "retry"
+
+    @property
+    def may_commit(self) -> bool:
+        return self is not Outcome.RETRY
+
+
+@dataclass(frozen=True)
+class Processed:
+    outcome: Outcome
+    key: str
+    #: Why it was dead-lettered or must be retried; "" otherwise.
+    reason: str = ""
+    #: The handler's return value (EXECUTED) or the stored one (DUPLICATE), as JSON gives it back.
+    value: Any = None
+
+    @property
+    def may_commit(self) -> bool:
+        return self.outcome.may_commit
+
+
+class MissingKeyError(IdemdError, ValueError):
+    """The message lacks the header the processor takes its key from."""
+
+
+DeadLetter = Callable[[Message, str], Any]
+
+
+class _Processor:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        key_header: Optional[str],
+        key_by_position: bool,
+        dead_letter: DeadLetter,
+        lease: Optional[float],
+        max_wait: float,
+        ttl: Optional[float],
+    ) -> None:
+        if (key_header is None) == (not key_by_position):
+            raise ValueError("name exactly one key source: key_header=... or key_by_position=True")
+        if not callable(dead_letter):
+            raise TypeError("dead_letter must be callable(message, reason)")
+        self.endpoint = endpoint
+        self.key_header = key_header
+        self.key_by_position = key_by_position
+        self.dead_letter = dead_letter
+        self.lease = lease
+        self.max_wait = max_wait
+        self.ttl = ttl
+
+    def key_of(self, message: Message) -> str:
+        """The message's idempotency key (raises :class:`MissingKeyError` when its header is
+        absent). A header value outside idemd's key alphabet (``[A-Za-z0-9_-]``, 1 to 255
+        characters) makes :meth:`process` raise idemd's ``INVALID_ARGUMENT``."""
+        if self.key_header is None:
+            # idemd keys are [A-Za-z0-9_-]: "/" cannot separate, and topics may hold "." and "_".
+            # Escaping "_" as "__" and "." as "_d" keeps distinct topics distinct; partition and
+            # offset are digits, so "-" separates them unambiguously from the right.
+            topic = message.topic.replace("_", "__").replace(".", "_d")
+            key = f"{topic}-{message.partition}-{message.offset}"
+            if len(key) > MAX_KEY_CHARS:
+                raise ValueError(f"topic name too long for a position key ({len(key)} > {MAX_KEY_CHARS}): use key_header")
+            return key
+        found: HeaderValue = None
+        for name, value in message.headers:
+            if name == self.key_header:
+                found = value
+        if found is None or found in (b"", ""):
+            raise MissingKeyError(f"the message has no {self.key_header!r} header to take its idempotency key from")
+        if isinstance(found, bytes):
+            try:
+                return found.decode("utf-8")
+            except UnicodeDecodeError:
+                raise MissingKeyError(f"the {self.key_header!r} header is not UTF-8") from None
+        return found
+
+    def _request(self, message: Message) -> Request:
+        # Only the value's digest leaves the process (fingerprint="local"): the
+        # fingerprint is the value's bytes, so a reused key with another value is refused.
+        return Request("CONSUME", self.endpoint, bytes(message.value))
+
+    def _outcome(self, key: str, result: Result) -> Processed:
+        value = json.loads(result.response.body) if result.response.body else None
+        return Processed(Outcome.DUPLICATE if result.replayed else Outcome.EXECUTED, key, value=value)
+
+    def _judge(self, key: str, error: BaseException, from_handler: bool) -> Processed:
+        """The outcome of an exception out of execute_once; re-raises what no
+        outcome fits (a refused token, a malformed key: fix the configuration)."""
+        if from_handler:
+            if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit: the claim is Failed UNKNOWN already
+                raise error
+            return Processed(Outcome.DEAD_LETTERED, key, ex.failure_reason(error))
+        if isinstance(error, ex.Recorded):
+            return Processed(Outcome.DEAD_LETTERED, key, error.reason)
+        if isinstance(error, OutcomePendingError):
+            verdict = "failed" if error.state == "FAILED" else "unknown"
+            return Processed(Outcome.DEAD_LETTERED, key, f"outcome {verdict} ({error.state}): {error.reason}")
+        if isinstance(error, KeyReuseError):
+            return Processed(Outcome.DEAD_LETTERED, key, "key reuse: the key was already used with another message value")
+        if isinstance(error, StillInProgressError):
+            return Processed(Outcome.RETRY, key, "another consumer holds the key")
+        # LEASE_LOST: the handler ran but its lease was taken; the next delivery
+        # finds the record pending or replayed, never runs it again.
+        if isinstance(error, RpcError) and (error.retryable or error.reason == "LEASE_LOST"):
+            return Processed(Outcome.RETRY, key, f"idemd: {error.code.name}" + (f" ({error.reason})" if error.reason else ""))
+        raise error
+
+    def _log(self, processed: Processed) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("idemd: message with key %s on %s: %s", key_hash(processed.key), self.endpoint, processed.outcome.value)
+
+
+def _taken_over(execution: Execution) -> None:
+    # The record's earlier holder let its lease run out (on_expired_lease = "takeover"):
+    # it may have run the side effect, so this one must not. Recorded makes the
+    # executor Fail the claim UNKNOWN with this reason.
+    if execution.attempt > 1:
+        raise ex.Recorded(
+            f"outcome unknown: attempt {execution.attempt} took over an expired lease; "
+            "an earlier attempt may have run the side effect"
+        )
+
+
+def _stored(value: Any) -> Response:
+    return Response(200, [("content-type", "application/json")], b"" if value is None else json.dumps(value).encode("utf-8"))
+
+
+class MessageProcessor(_Processor):
+    """Runs a per-message handler once per key across consumers and restarts,
+    on :meth:`idemd.Client.execute_once` (lease extension while it runs, transport
+    retries of idemd calls).
+
+    ``endpoint`` is the idemd endpoint the keys live under (``"kafka:<topic>"``).
+    The key is the value of header ``key_header`` (the producer's idempotency key
+    or message id; a message without it raises :class:`MissingKeyError`), or with
+    ``key_by_position=True`` ``"<topic>-<partition>-<offset>"`` (in the topic, ``_`` written
+    ``__`` and ``.`` written ``_d``: idemd keys are ``[A-Za-z0-9_-]``): that needs no
+    producer cooperation but only catches redeliveries of one record, not a
+    producer that sends the same message twice (its retry gets a new offset).
+
+    The fingerprint is the message value: the same key with another value is
+    dead-lettered, never run. ``dead_letter(message, reason)`` is called for every
+    DEAD_LETTERED delivery (if it raises, :meth:`process` raises and nothing may
+    be committed); it runs at least once per such delivery: make it idempotent.
+    ``lease`` (seconds) is asked of idemd for each claim and extended at half its
+    length while the handler runs; ``max_wait`` bounds the wait for another
+    consumer holding the key before RETRY; ``ttl`` overrides the policy's.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        endpoint: str,
+        *,
+        dead_letter: DeadLetter,
+        key_header: Optional[str] = None,
+        key_by_position: bool = False,
+        lease: Optional[float] = None,
+        max_wait: float = 5.0,
+        ttl: Optional[float] = None,
+    ) -> None:
+        super().__init__(
+            endpoint, key_header=key_header, key_by_position=key_by_position, dead_letter=dead_letter,
+            lease=lease, max_wait=max_wait, ttl=ttl,
+        )
+        self.client = client
+
+    def process(self, message: Message, handler: Callable[[Message], Any]) -> Processed:
+        """Runs ``handler(message)`` unless an earlier delivery did or must be
+        looked at first. The handler returns None or a JSON-serialisable value
+        (a DUPLICATE carries it back); if it raises, the claim is recorded as
+        Failed UNKNOWN (``<Kind>: <message>``; :class:`idemd.NoSideEffect`
+        releases the key instead, so a re-drive from the dead letters runs it)
+        and the message is dead-lettered with that reason."""
+        key = self.key_of(message)
+        raised: list = []
+
+        def run(execution: Execution) -> Response:
+            _taken_over(execution)
+            try:
+                return _stored(handler(message))
+            except BaseException as error:
+                raised.append(error)
+                raise
+
+        try:
+            processed = self._outcome(key, self.client.execute_once(
+                self.endpoint, key, self._request(message), run,
+                max_wait=self.max_wait, fingerprint="local", lease=self.lease, ttl=self.ttl,
+            ))
+        except BaseException as error:
+            processed = self._judge(key, error, bool(raised) and raised[0] is error)
+            if processed.outcome is Outcome.DEAD_LETTERED:
+                self.dead_letter(message, processed.reason)
+        self._log(processed)
+        return processed
+
+
+class AsyncMessageProcessor(_Processor):
+    """:class:`MessageProcessor` on an :class:`idemd.aio.AsyncClient`: ``process``
+    is a coroutine; the handler and the dead-letter hook may be coroutine functions."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        endpoint: str,
+        *,
+        dead_letter: Callable[[Message, str], Any],
+        key_header: Optional[str] = None,
+        key_by_position: bool = False,
+        lease: Optional[float] = None,
+        max_wait: float = 5.0,
+        ttl: Optional[float] = None,
+    ) -> None:
+        super().__init__(
+            endpoint, key_header=key_header, key_by_position=key_by_position, dead_letter=dead_letter,
+            lease=lease, max_wait=max_wait, ttl=ttl,
+        )
+        self.client = client
+
+    async def process(self, message: Message, handler: Callable[[Message], Union[Any, Awaitable[Any]]]) -> Processed:
+        """See :meth:`MessageProcessor.process`."""
+        key = self.key_of(message)
+        raised: list = []
+
+        async def run(execution: Execution) -> Response:
+            _taken_over(execution)
+            try:
+                out = handler(message)
+                if inspect.isawaitable(out):
+                    out = await out
+                return _stored(out)
+            except BaseException as error:
+                raised.append(error)
+                raise
+
+        try:
+            processed = self._outcome(key, await self.client.execute_once(
+                self.endpoint, key, self._request(message), run,
+                max_wait=self.max_wait, fingerprint="local", lease=self.lease, ttl=self.ttl,
+            ))
+        except BaseException as error:
+            processed = self._judge(key, error, bool(raised) and raised[0] is error)
+            if processed.outcome is Outcome.DEAD_LETTERED:
+                out = self.dead_letter(message, processed.reason)
+                if inspect.isawaitable(out):
+                    await out
+        self._log(processed)
+        return processed

@@ -1,0 +1,234 @@
+"""clients/conformance/consumer-scenarios.json played against a real Kafka broker
+($IDEMD_TEST_KAFKA_BROKERS, started by test.sh through scripts/kafka.sh) and the
+live idemd, with examples/kafka_consumer.py as separate processes (kills are
+real SIGKILLs), as consumer-scenarios.md's "The runner" says. Without a broker
+the runner fails when test.sh runs it (IDEMD_TEST_KAFKA_REQUIRED) and skips for
+a developer running pytest alone."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from conftest import CONFORMANCE, CREDENTIALS, SDK_ROOT, Server
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+CONTRACT = json.loads((CONFORMANCE / "consumer-scenarios.json").read_text(encoding="utf-8"))
+DEFAULTS = CONTRACT["defaults"]
+SCENARIOS = CONTRACT["scenarios"]
+PROGRAM = SDK_ROOT / "examples" / "kafka_consumer.py"
+BOUND = 60.0  # seconds from the first consumer's start until every message is accounted for and committed
+RUN_PREFIX = secrets.token_hex(4)
+
+
+def slug(scenario: dict) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", scenario["name"].lower()).strip("-")[:60]
+
+
+def seconds(text: str) -> float:
+    number, unit = re.fullmatch(r"([0-9.]+)(ms|s)", text).groups()
+    return float(number) / (1000 if unit == "ms" else 1)
+
+
+@dataclass
+class Played:
+    ledger: List[int]
+    dead: List[dict]
+    duplicates: int
+    expected: List[int]
+    poison: List[int]
+    log: List[str] = field(default_factory=list)
+
+
+@dataclass
+class Process:
+    entry: dict
+    popen: subprocess.Popen
+    stdout: Path
+    stderr: Path
+    terminated: bool = False
+
+
+def produce(brokers: str, topic: str, prefix: str, scenario: dict, partitions: int, key_header: str) -> Dict[int, int]:
+    """Every message as consumer-scenarios.md step 2 says; returns the end offset of each partition."""
+    spec = scenario["produce"]
+    poison = set(spec.get("poison", []))
+    every = spec.get("duplicate_every")
+    producer = Producer({"bootstrap.servers": brokers, "enable.idempotence": True, "linger.ms": 5})
+    ends = collections.Counter()
+    for n in range(1, spec["messages"] + 1):
+        value = json.dumps({"n": n, "poison": n in poison, "amount": 100}).encode()
+        headers = [(key_header, f"{prefix}-{n}".encode())]
+        targets = [n % partitions]
+        if every and n % every == 0:
+            targets.append((n + 1) % partitions if spec.get("duplicate_to_other_partition") else n % partitions)
+        for partition in targets:
+            producer.produce(topic, value=value, headers=headers, partition=partition)
+            ends[partition] += 1
+    assert producer.flush(30) == 0, "messages not delivered to the broker within 30 s"
+    return {p: ends[p] for p in range(partitions)}
+
+
+def committed(admin: AdminClient, group: str, topic: str, partitions: int) -> Dict[int, int]:
+    request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in range(partitions)])
+    future = admin.list_consumer_group_offsets([request])[group]
+    return {tp.partition: tp.offset for tp in future.result(10).topic_partitions}
+
+
+def lines(path: Path) -> List[str]:
+    return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+
+
+def play(scenario: dict, index: int, brokers: str, server: Server, tmp: Path, no_helper: bool) -> Played:
+    partitions = scenario.get("partitions", DEFAULTS["partitions"])
+    key_header = scenario.get("key_header", DEFAULTS["key_header"])
+    lease = seconds(scenario.get("lease", DEFAULTS["lease"]))
+    handler_ms = scenario.get("handler_ms", DEFAULTS["handler_ms"])
+    run = f"{RUN_PREFIX}{'n' if no_helper else ''}"
+    topic, group, prefix = f"consumer-{run}-{index}", f"group-{run}-{index}", secrets.token_hex(6)
+    admin = AdminClient({"bootstrap.servers": brokers})
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        future.result(30)
+    ends = produce(brokers, topic, prefix, scenario, partitions, key_header)
+    expected = list(range(1, scenario["produce"]["messages"] + 1))
+    ledger, dead_file = tmp / "ledger.txt", tmp / "dead-letters.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(SDK_ROOT / "src"), IDEMD_TOKEN=CREDENTIALS["alice"], PYTHONUNBUFFERED="1")
+
+    def start(entry: dict, number: int) -> Process:
+        args = [sys.executable, str(PROGRAM), "--brokers", brokers, "--topic", topic, "--group", group,
+                "--idemd", server.address, "--key-header", key_header, "--lease", str(lease),
+                "--handler-ms", str(handler_ms), "--ledger", str(ledger), "--dead-letters", str(dead_file)]
+        for flag in ("kill_in_handler_after_side_effect_of", "kill_after_side_effect_of"):
+            if flag in entry:
+                args += ["--" + flag.replace("_", "-"), str(entry[flag])]
+        if no_helper:
+            args.append("--no-helper")
+        out, err = tmp / f"{number}-{entry['name']}.out", tmp / f"{number}-{entry['name']}.err"
+        with out.open("wb") as stdout, err.open("wb") as stderr:
+            popen = subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr)
+        return Process(entry, popen, out, err)
+
+    pending = list(scenario["consumers"])
+    started: List[Process] = []
+    latest: Dict[str, Process] = {}
+    offsets: Dict[int, int] = {}
+    checked_offsets_at = 0.0
+    began = time.monotonic()
+
+    def state() -> str:
+        return (f"{len(lines(ledger))} side effects, {len(lines(dead_file))} dead letters, committed {offsets} "
+                f"of {ends}, consumers " + ", ".join(f"{p.entry['name']}:{p.popen.poll()}" for p in started)
+                + (f", not started: {[e['name'] for e in pending]}" if pending else ""))
+
+    try:
+        while True:
+            effects = len(lines(ledger))
+            for entry in list(pending):
+                after_exit = entry.get("start_after_exit_of")
+                if after_exit is not None and (after_exit not in latest or latest[after_exit].popen.poll() is None):
+                    continue
+                if effects < entry.get("start_after_side_effects", 0):
+                    continue
+                pending.remove(entry)
+                process = start(entry, len(started))
+                started.append(process)
+                latest[entry["name"]] = process
+            for process in started:
+                limit = process.entry.get("stop_after_side_effects")
+                if limit is not None and effects >= limit and not process.terminated and process.popen.poll() is None:
+                    process.popen.send_signal(signal.SIGTERM)
+                    process.terminated = True
+            accounted = set(map(int, lines(ledger))) | {json.loads(d)["message"] for d in lines(dead_file)}
+            if not pending and accounted >= set(expected) and time.monotonic() - checked_offsets_at > 0.5:
+                checked_offsets_at = time.monotonic()
+                offsets = committed(admin, group, topic, partitions)
+                if all(offsets.get(p, -1) >= end for p, end in ends.items()):
+                    break
+            if time.monotonic() - began > BOUND:
+                pytest.fail(f"not done within {BOUND:.0f} s: {state()}", pytrace=False)
+            time.sleep(0.05)
+    finally:
+        for process in started:
+            if process.popen.poll() is None:
+                process.popen.send_signal(signal.SIGTERM)
+                process.terminated = True
+        for process in started:
+            try:
+                process.popen.wait(20)
+            except subprocess.TimeoutExpired:
+                process.popen.kill()
+                process.popen.wait()
+        for future in admin.delete_topics([topic]).values():
+            future.result(30)
+
+    for process in started:
+        if process.terminated:
+            assert process.popen.returncode == 0, (
+                f"consumer {process.entry['name']} exited {process.popen.returncode} on SIGTERM:\n"
+                + process.stderr.read_text(encoding="utf-8")[-3000:])
+    reports = [json.loads(line) for p in started for line in lines(p.stdout)]
+    return Played(
+        ledger=[int(line) for line in lines(ledger)],
+        dead=[json.loads(line) for line in lines(dead_file)],
+        duplicates=sum(1 for r in reports if r.get("outcome") == "duplicate"),
+        expected=expected,
+        poison=list(scenario["produce"].get("poison", [])),
+        log=[state()],
+    )
+
+
+def side_effect_errors(played: Played, rule: str) -> List[str]:
+    want = [n for n in played.expected if rule == "each_once" or n not in played.poison]
+    counts = collections.Counter(played.ledger)
+    errors = [f"message {n}: side effect {counts[n]} times" for n in want if counts[n] != 1]
+    errors += [f"message {n}: side effect {c} times, expected none" for n, c in counts.items() if n not in want]
+    return errors
+
+
+def check(scenario: dict, played: Played) -> None:
+    expect = scenario["expect"]
+    errors = side_effect_errors(played, expect["side_effects"])
+    want_dead = {d["message"]: d.get("reason_includes", "") for d in expect.get("dead_letters", [])}
+    got_dead = {d["message"] for d in played.dead}
+    if got_dead != set(want_dead):
+        errors.append(f"dead letters for {sorted(got_dead)}, expected {sorted(want_dead)}")
+    for letter in played.dead:
+        needle = want_dead.get(letter["message"], "")
+        if needle.lower() not in letter["reason"].lower():
+            errors.append(f"dead letter of message {letter['message']}: {letter['reason']!r} lacks {needle!r}")
+    if played.duplicates < expect.get("duplicates_skipped_at_least", 0):
+        errors.append(f"{played.duplicates} duplicates skipped, expected at least {expect['duplicates_skipped_at_least']}")
+    assert not errors, "; ".join(errors) + f" ({played.log[-1]})"
+
+
+@pytest.mark.parametrize("index", range(len(SCENARIOS)), ids=[slug(s) for s in SCENARIOS])
+def test_consumer_scenario(index: int, brokers: str, server: Server, tmp_path: Path) -> None:
+    scenario = SCENARIOS[index]
+    check(scenario, play(scenario, index, brokers, server, tmp_path, no_helper=False))
+
+
+NEGATIVE = [i for i, s in enumerate(SCENARIOS) if s.get("negative_control")]
+
+
+@pytest.mark.parametrize("index", NEGATIVE, ids=[slug(SCENARIOS[i]) for i in NEGATIVE])
+def test_consumer_scenario_fails_without_the_helper(index: int, brokers: str, server: Server, tmp_path: Path) -> None:
+    scenario = SCENARIOS[index]
+    played = play(scenario, index, brokers, server, tmp_path, no_helper=True)
+    repeated = side_effect_errors(played, scenario["expect"]["side_effects"])
+    assert repeated, f"without the helper every side effect still ran once: the scenario cannot catch a repeat ({played.log[-1]})"
