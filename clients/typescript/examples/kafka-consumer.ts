@@ -104,7 +104,8 @@ const kafka = new Kafka({
   brokers: required("brokers").split(","),
   logLevel: logLevel.ERROR,
   // kafkajs logs on stdout by default; stdout carries this program's summary.
-  logCreator: () => ({ namespace, log }) => process.stderr.write(`kafkajs ${namespace}: ${log.message}\n`),
+  logCreator: () => ({ namespace, log }) =>
+    process.stderr.write(`kafkajs ${namespace}: ${log.message}${log.error ? `: ${String(log.error)}` : ""}\n`),
 });
 // A short session so that a killed consumer's partitions move in seconds; a handler longer than
 // that keeps the membership with the heartbeats sent while it runs (below).
