@@ -136,7 +136,7 @@ async function main(): Promise<void> {
       if (!result.mayCommit) {
         // Not decided: this message comes again before any later one of its partition.
         consumer.seek({ topic, partition, offset: message.offset });
-        await sleep(200);
+        await sleep(200); // so that an unreachable idemd is not asked again in a tight loop
         return;
       }
       if (result.outcome === Outcome.EXECUTED && orderOf(delivered).n === killAfter) process.kill(process.pid, "SIGKILL");

@@ -12,6 +12,7 @@ import {
   type ConsumedMessage,
   type DeadLetter,
   type OnceConsumerOptions,
+  v1,
 } from "../src";
 import { startIdemd, type IdemdServer } from "./support/idemd";
 
@@ -52,7 +53,7 @@ describe("onceConsumer against a live idemd", () => {
   });
 
   /** Holds `key` as another consumer would, with a lease that is never extended nor completed. */
-  async function claimElsewhere(endpoint: string, key: string, value: string, leaseMs: number): Promise<void> {
+  async function claimElsewhere(endpoint: string, key: string, value: string, leaseMs: number): Promise<string> {
     const claimed = await client.claim({
       endpoint,
       key,
@@ -61,6 +62,7 @@ describe("onceConsumer against a live idemd", () => {
       sha256: fingerprintV1({ method: "MESSAGE", path: "", body: value }),
     });
     assert.ok(claimed.claimed, "the key was free");
+    return claimed.claimed.leaseToken;
   }
 
   test("the first delivery executes, a redelivery is a duplicate and does not run", async () => {
@@ -112,6 +114,18 @@ describe("onceConsumer against a live idemd", () => {
     const result = await process(message(key));
     assert.deepEqual([result.outcome, result.deadLetter?.kind, runs], [Outcome.DEAD_LETTERED, "outcome_unknown", 0]);
     assert.match(result.deadLetter!.reason, /unknown/i);
+  });
+
+  test("a key whose earlier attempt was recorded FAILED is dead-lettered with that reason, never run", async () => {
+    letters = [];
+    let runs = 0;
+    const process = onceConsumer(client, options())(() => void runs++);
+    const key = randomUUID();
+    const leaseToken = await claimElsewhere(ENDPOINT, key, '{"n":1}', 10_000);
+    await client.fail({ endpoint: ENDPOINT, key, leaseToken, disposition: v1.Disposition.DISPOSITION_FAILED, reason: "card declined" });
+    const result = await process(message(key));
+    assert.deepEqual([result.outcome, result.deadLetter?.kind, runs], [Outcome.DEAD_LETTERED, "earlier_failed", 0]);
+    assert.match(result.deadLetter!.reason, /failed: card declined/);
   });
 
   test("a takeover (attempt 2) is dead-lettered as unknown, never run", async () => {
