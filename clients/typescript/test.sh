@@ -2,9 +2,12 @@
 # Builds the TypeScript SDK from scratch and runs all of its tests against a real idemd:
 # fingerprint + downstream-key vectors, the shared conformance scenarios, executor tests,
 # the TLS/mTLS test, the README examples, the Express/Fastify/Web middleware against the shared
-# HTTP scenarios and mounted after a body reader, the HTTP example and the consumer project (the
+# HTTP scenarios and mounted after a body reader, the HTTP example, the consumer project (the
 # README's Install commands on a copy of the files git ships, then a fresh project outside the
-# repository installs the packed tarball and runs a program); then, on their own, the replay
+# repository installs the packed tarball and runs a program, and the README's Kafka consumer block)
+# and the message-consumer helper against the shared consumer scenarios; all of them under
+# scripts/kafka.sh run, which starts a throwaway one-node Kafka broker (jars from Maven Central,
+# cached; needs Java 17+ and mvn) and sets IDEMD_TEST_KAFKA_BROKERS; then, on their own, the replay
 # latency check (100 replays of a 1 KiB body, fails when the p50 is over 10 ms) and the middleware
 # latency test (fails when a fresh key adds more than 5 ms, p50, over the executor's own pair).
 #
@@ -53,8 +56,9 @@ fi
 # Stubs (protoc + ts-proto into src/gen/), then tsc into dist/.
 npm run --silent build
 # node --test prints its summary (# tests / # pass / # fail) and exits non-zero on a failure.
-# First every test but the latency check (dist/test/*.test.js, one file at a time)...
-npm run --silent test:suite
+# First every test but the latency check (dist/test/*.test.js, one file at a time), next to a
+# broker; IDEMD_TEST_KAFKA_REQUIRED turns a missing broker into a failure instead of a skip...
+IDEMD_TEST_KAFKA_REQUIRED=1 "$repo/scripts/kafka.sh" run -- npm run --silent test:suite
 # ...then the latency checks (dist/test/latency/), alone, so that nothing competes with them for
 # the CPU. They print "latency: 100 replays of a 1 KiB body: p50 X ms, p99 Y ms" and one
 # "latency: <framework> middleware, ..." line per middleware.

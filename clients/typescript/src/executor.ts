@@ -400,8 +400,8 @@ export class FailWithReason extends Error {
   }
 }
 
-/** The Fail reason of a handler's error. */
-function failReason(err: unknown): string {
+/** The Fail reason of a handler's error (the consumer helper hands it to the dead-letter hook). */
+export function failReason(err: unknown): string {
   return capReason(err instanceof FailWithReason ? err.storedReason : failureText(err));
 }
 

@@ -5,6 +5,7 @@
  *   {@link IdemdClient.executeOnce}, the executor of docs/sdk.md.
  * - {@link fingerprintV1}: the request fingerprint, computed locally.
  * - {@link downstreamKey}: idempotency keys for third-party calls made by a handler.
+ * - {@link onceConsumer}: the executor around a message consumer's per-message handler.
  */
 export { IdemdClient } from "./client";
 export type { IdemdClientOptions, TlsOptions } from "./client";
@@ -44,4 +45,15 @@ export { idempotency, idempotencyErrors } from "./express";
 export { idempotencyPlugin } from "./fastify";
 export type { FastifyIdempotencyOptions } from "./fastify";
 export { withIdempotency } from "./fetch";
+export { MissingKeyError, messageKey, onceConsumer, Outcome } from "./message-consumer";
+export type {
+  ConsumedMessage,
+  DeadLetter,
+  DeadLetterKind,
+  KeySource,
+  MessageHandler,
+  MessageHeaderValue,
+  OnceConsumerOptions,
+  Processed,
+} from "./message-consumer";
 export type { FetchHandler } from "./fetch";

@@ -18,7 +18,9 @@ import { chmodSync, copyFileSync, existsSync, lstatSync, mkdirSync, mkdtempSync,
 import { tmpdir } from "node:os";
 import * as path from "node:path";
 import { after, before, test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import { promisify } from "node:util";
+import { Kafka, logLevel, Partitioners } from "kafkajs";
 import { startIdemd, type IdemdServer } from "./support/idemd";
 import { repoRoot, sdkRoot } from "./support/paths";
 
@@ -145,6 +147,8 @@ async function run(file: string, args: string[], cwd: string, env: NodeJS.Proces
 
 let server: IdemdServer;
 let dir: string | undefined;
+/** The fresh project the second test installs everything into; the third reuses it. */
+let project: string | undefined;
 
 before(async () => {
   server = await startIdemd();
@@ -162,7 +166,7 @@ test("a fresh project installs the packed SDK as the README says and runs agains
   dir = mkdtempSync(path.join(tmpdir(), "idemd-ts-consumer-"));
   assert.ok(path.relative(repoRoot, dir).startsWith(".."), `${dir} is inside the repository: set TMPDIR elsewhere`);
   const checkout = path.join(dir, "idemd");
-  const project = path.join(dir, "your-project");
+  project = path.join(dir, "your-project");
   await copyShippedFiles(SHIPPED, checkout);
   mkdirSync(project);
   await run("npm", ["init", "-y"], project);
@@ -278,5 +282,84 @@ test("a fresh project installs the packed SDK as the README says and runs agains
     assert.equal(await again.text(), firstBody);
   } finally {
     served.kill("SIGTERM");
+  }
+});
+
+/**
+ * The README's consumer block, as written, in the same project: kafkajs installed next to the SDK
+ * as the README says (at this package's version), one message produced twice to a fresh topic of
+ * the real broker, the block run until its group committed both: one charge.
+ */
+test("the README's consumer block charges a message produced twice once, against a real broker", { timeout: 10 * 60_000 }, async (t) => {
+  const brokers = process.env.IDEMD_TEST_KAFKA_BROKERS;
+  if (!brokers) {
+    // test.sh sets IDEMD_TEST_KAFKA_REQUIRED: there a missing broker is a broken setup, not a skip.
+    assert.notEqual(process.env.IDEMD_TEST_KAFKA_REQUIRED, "1", "IDEMD_TEST_KAFKA_BROKERS is unset: run under scripts/kafka.sh run --");
+    t.skip("IDEMD_TEST_KAFKA_BROKERS is unset");
+    return;
+  }
+  assert.ok(project, "the previous test built the project");
+  const dev = (JSON.parse(readFileSync(path.join(sdkRoot, "package.json"), "utf8")) as {
+    devDependencies: Record<string, string>;
+  }).devDependencies;
+  await run("npm", ["install", "--no-audit", "--no-fund", "--prefer-offline", `kafkajs@${dev["kafkajs"]}`], project);
+  const readme = readFileSync(path.join(sdkRoot, "README.md"), "utf8");
+  const block = /^```ts\n([\s\S]*?)^```$/m.exec(readme.split(/^## Consumers$/m)[1] ?? "");
+  assert.ok(block, "README.md has a ```ts block under ## Consumers");
+  writeFileSync(path.join(project, "charger.mts"), block[1]!);
+  writeFileSync(
+    path.join(project, "tsconfig.json"),
+    JSON.stringify({
+      compilerOptions: {
+        target: "ES2022", lib: ["ES2022"], module: "node16", moduleResolution: "node16", strict: true,
+        skipLibCheck: true, types: ["node"], typeRoots: [path.join(sdkRoot, "node_modules", "@types")], outDir: "out",
+      },
+      files: ["charger.mts"],
+    }),
+  );
+  await run(process.execPath, [path.join(sdkRoot, "node_modules", "typescript", "bin", "tsc"), "-p", "."], project);
+
+  const topic = `readme-${Date.now()}`;
+  const kafka = new Kafka({ clientId: "idemd-ts-readme", brokers: brokers.split(","), logLevel: logLevel.ERROR });
+  const admin = kafka.admin();
+  await admin.connect();
+  try {
+    await admin.createTopics({ topics: [{ topic, numPartitions: 1 }], waitForLeaders: true });
+    const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner });
+    await producer.connect();
+    const payment = { headers: { "idempotency-key": `pay-${topic}` }, value: '{"amount":4200}' };
+    await producer.send({ topic, messages: [payment, payment] });
+    await producer.disconnect();
+
+    const charger = spawn(process.execPath, [path.join(project, "out", "charger.mjs")], {
+      cwd: project,
+      env: userEnv({ IDEMD_ADDRESS: server.address, IDEMD_TOKEN: "conformance-token-alice-3f9a", KAFKA_BROKERS: brokers, TOPIC: topic }),
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let stdout = "";
+    let stderr = "";
+    charger.stdout!.on("data", (chunk: Buffer) => (stdout += chunk.toString()));
+    charger.stderr!.on("data", (chunk: Buffer) => (stderr += chunk.toString()));
+    const exited = new Promise<number | null>((resolve) => charger.once("close", (code) => resolve(code)));
+    try {
+      const deadline = Date.now() + 60_000;
+      for (;;) {
+        const [committed] = await admin.fetchOffsets({ groupId: `${topic}-charger`, topics: [topic] });
+        if (committed?.partitions[0]?.offset === "2") break;
+        assert.equal(charger.exitCode, null, `the consumer block exited early:\n${stdout}\n${stderr}`);
+        assert.ok(Date.now() < deadline, `the consumer block did not commit both messages within 60 s:\n${stdout}\n${stderr}`);
+        await sleep(200);
+      }
+    } finally {
+      charger.kill("SIGTERM");
+    }
+    assert.equal(await exited, 0, `the consumer block exits 0 on SIGTERM:\n${stderr}`);
+    // kafkajs logs on stdout too: the charges are the lines the handler printed.
+    const charges = stdout.split("\n").filter((line) => line.startsWith("charged"));
+    assert.deepEqual(charges, ['charged {"amount":4200}'], `${stdout}\n${stderr}`);
+    assert.doesNotMatch(stderr, /dead letter/);
+  } finally {
+    await admin.deleteTopics({ topics: [topic] }).catch(() => undefined);
+    await admin.disconnect();
   }
 });
