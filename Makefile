@@ -42,10 +42,13 @@ cargo-test:
 ## cql-test: the store and gRPC suites, multi-replica and timeout tests on a
 ## real Cassandra 5.0 cluster (scripts/cassandra.sh: jars from Maven Central),
 ## among them the previous release and this one serving one keyspace
-## (tests/cql/mixed_fleet_cql.rs; scripts/previous-release.sh builds it).
+## (tests/cql/mixed_fleet_cql.rs; scripts/previous-release.sh builds it);
+## then two datacenters of two nodes each (tests/cql_dc: quorum across both,
+## local-quorum in each, a datacenter down; one test thread).
 cql-test:
 	previous="$$(scripts/previous-release.sh)" && \
 	IDEMD_PREVIOUS_BIN="$$previous" scripts/with-cassandra.sh -- $(CARGO) test --features cql-tests --test cql
+	scripts/with-cassandra.sh --nodes 4 --dcs 2 -- $(CARGO) test --features cql-tests --test cql_dc -- --test-threads=1
 
 ## cql-scale: one busy tenant's day on the CQL store (docs/scylla.md, "The
 ## pending index"): $(CQL_SCALE_PAIRS) Claim+Complete pairs of ONE tenant

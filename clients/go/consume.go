@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"google.golang.org/grpc/status"
 
@@ -65,13 +66,18 @@ func KeyFromHeader(name string) KeyFunc {
 	}
 }
 
-// KeyFromPosition is the fallback key "topic/partition/offset", for
-// producers that set no key header. It catches redeliveries of one record
+// KeyFromPosition is the fallback key "<topic>-<partition>-<offset>", for
+// producers that set no key header. idemd keys are [A-Za-z0-9_-], so "/"
+// cannot separate and the topic's "_" is written "__" and "." "_d": distinct
+// topics stay distinct, and the numeric partition and offset read
+// unambiguously from the right (every SDK spells it so, since consumers in
+// different languages may share a group). It catches redeliveries of one record
 // (a rebalance, a crash before the offset commit) but not the same payload
 // produced twice: a producer's retry is a new record at a new offset, so it
 // runs again. Prefer KeyFromHeader.
 func KeyFromPosition(m Message) (string, error) {
-	return m.Topic + "/" + strconv.FormatInt(int64(m.Partition), 10) + "/" + strconv.FormatInt(m.Offset, 10), nil
+	topic := strings.NewReplacer("_", "__", ".", "_d").Replace(m.Topic)
+	return topic + "-" + strconv.FormatInt(int64(m.Partition), 10) + "-" + strconv.FormatInt(m.Offset, 10), nil
 }
 
 // MessageHandler runs a message's side effect. An error (or a panic) sends
@@ -211,7 +217,10 @@ func (c *Consumer) ProcessMessage(ctx context.Context, msg Message, handler Mess
 			out = c.deadLettered(ctx, msg, panicReason(r), fmt.Errorf("idemd: handler panicked: %v", r))
 		}
 	}()
-	req := HTTPRequest{Method: "CONSUME", Path: c.endpoint, ContentType: "application/octet-stream", Body: msg.Value}
+	// The one fingerprint every SDK's helper sends (consumer-scenarios.md):
+	// method CONSUME, path the endpoint, the value's bytes, no content type
+	// (so no JSON canonicalization).
+	req := HTTPRequest{Method: "CONSUME", Path: c.endpoint, Body: msg.Value}
 	_, err = c.client.ExecuteOnce(ctx, c.endpoint, key, req, func(ctx context.Context, ex Execution) (*Response, error) {
 		ran = true
 		if ex.Attempt > 1 {

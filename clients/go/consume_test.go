@@ -299,8 +299,13 @@ func TestConsumerRetriesWhenTheDeadLetterHookFails(t *testing.T) {
 }
 
 func TestKeyFromPosition(t *testing.T) {
+	dotted := message("ignored", "")
+	dotted.Topic = "eu.pay_ments"
+	if key, _ := idemd.KeyFromPosition(dotted); key != "eu_dpay__ments-1-7" {
+		t.Fatalf("escaped topic: %q", key)
+	}
 	key, err := idemd.KeyFromPosition(message("ignored", ""))
-	if err != nil || key != "payments/1/7" {
+	if err != nil || key != "payments-1-7" {
 		t.Fatalf("%q %v", key, err)
 	}
 }

@@ -174,7 +174,9 @@ async function processOnce(
       endpoint: options.endpoint,
       key,
       // The value's bytes as they are (no JSON canonicalization): the fingerprint is the payload.
-      request: { method: "MESSAGE", path: "", body: value },
+      // The one fingerprint every SDK's helper sends (consumer-scenarios.md): method CONSUME,
+      // path the endpoint, the value's bytes, no content type (no JSON canonicalization).
+      request: { method: "CONSUME", path: options.endpoint, body: value },
       fingerprint: "local",
       leaseMs: options.leaseMs,
       ttlMs: options.ttlMs,
@@ -239,8 +241,10 @@ function isTransient(err: unknown): boolean {
 /** The idemd key of a message: its header's value, or `<topic>-<partition>-<offset>`. */
 export function messageKey(message: ConsumedMessage, source: KeySource): string {
   if (source === "topic-partition-offset") {
-    // Kafka refuses topics whose names differ only by '.' and '_', so this mapping is 1:1.
-    const key = `${message.topic.replace(/\./g, "_")}-${message.partition}-${String(message.offset)}`;
+    // idemd keys are [A-Za-z0-9_-]: "_" is written "__" and "." "_d", so distinct topics stay
+    // distinct, and the numeric partition and offset read from the right. Every SDK spells it so.
+    const topic = message.topic.replace(/_/g, "__").replace(/\./g, "_d");
+    const key = `${topic}-${message.partition}-${String(message.offset)}`;
     if (key.length > MAX_KEY_LENGTH) {
       throw new RangeError(`the key ${key.slice(0, 40)}... is longer than ${MAX_KEY_LENGTH} characters`);
     }

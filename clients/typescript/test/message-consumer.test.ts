@@ -210,8 +210,10 @@ describe("onceConsumer against a live idemd", () => {
     letters = [];
     let runs = 0;
     const process = onceConsumer(client, options({ key: "topic-partition-offset" }))(() => void runs++);
-    const record = { ...message(undefined), topic: `orders.${randomUUID()}` };
-    assert.equal((await process(record)).key, `${record.topic.replace(/\./g, "_")}-3-${record.offset}`);
+    const record = { ...message(undefined), topic: `eu.pay_ments.${randomUUID()}` };
+    const escaped = record.topic.replace(/_/g, "__").replace(/\./g, "_d");
+    assert.equal((await process(record)).key, `${escaped}-3-${record.offset}`);
+    assert.ok(escaped.startsWith("eu_dpay__ments_d"), escaped);
     assert.equal((await process(record)).outcome, Outcome.DUPLICATE);
     assert.equal((await process({ ...record, offset: "999999" })).outcome, Outcome.EXECUTED);
     assert.equal(runs, 2);
