@@ -57,7 +57,7 @@ class ConsumerScenariosTest {
   private static final long SCENARIO_BOUND_MS = 60_000;
 
   private static IdemdServer idemd;
-  private static Admin admin;
+  static Admin admin;
 
   @TempDir static Path work;
 
@@ -288,7 +288,7 @@ class ConsumerScenariosTest {
     return new ProcessBuilder(command).redirectOutput(out.toFile()).redirectError(err.toFile()).start();
   }
 
-  private static void produce(String topic, int partitions, String keyHeader, String prefix, Map<String, Object> produce)
+  static void produce(String topic, int partitions, String keyHeader, String prefix, Map<String, Object> produce)
       throws Exception {
     long messages = number(produce.get("messages"));
     long every = produce.containsKey("duplicate_every") ? number(produce.get("duplicate_every")) : 0;
@@ -319,10 +319,13 @@ class ConsumerScenariosTest {
       String key, byte[] value) throws Exception {
     ProducerRecord<byte[], byte[]> record = new ProducerRecord<>(topic, partition, null, value);
     record.headers().add(header, key.getBytes(StandardCharsets.UTF_8));
-    producer.send(record).get(30, TimeUnit.SECONDS); // in order: the duplicate right after its original
+    // Awaited one by one: in order (the duplicate right after its original), and a send that fails
+    // fails the scenario here. (Pipelined sends once left a fresh 4-partition topic's partition 0
+    // unsent for the whole delivery timeout on the loaded test box.)
+    producer.send(record).get(30, TimeUnit.SECONDS);
   }
 
-  private static boolean committedToEnd(String group, Map<TopicPartition, Long> ends) throws Exception {
+  static boolean committedToEnd(String group, Map<TopicPartition, Long> ends) throws Exception {
     Map<TopicPartition, OffsetAndMetadata> committed =
         admin.listConsumerGroupOffsets(group).partitionsToOffsetAndMetadata().get(30, TimeUnit.SECONDS);
     return ends.entrySet().stream().allMatch(end -> {
