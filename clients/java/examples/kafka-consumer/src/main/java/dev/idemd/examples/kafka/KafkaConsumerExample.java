@@ -144,16 +144,17 @@ public final class KafkaConsumerExample {
               break deliveries; // SIGTERM: the message in hand is finished, take no other
             }
             Message message = toMessage(record);
+            long n = Order.parse(record.value()).n();
             Outcome outcome = noHelper ? withoutHelper(message, handler, deadLetters) : processor.process(message, handler);
             counts.merge(outcome.kind(), 1, Integer::sum);
-            System.out.println("outcome=" + outcome.kind() + " message=" + Order.parse(record.value()).n()
+            System.out.println("outcome=" + outcome.kind() + " message=" + n
                 + " partition=" + record.partition() + " offset=" + record.offset());
             if (!outcome.mayCommit()) {
               // Not committed, and nothing after it in this partition is taken before it.
               consumer.seek(partition, record.offset());
               break;
             }
-            if (Order.parse(record.value()).n() == killAfter) {
+            if (n == killAfter) {
               killSelf();
             }
             done.put(partition, new OffsetAndMetadata(record.offset() + 1));
