@@ -22,6 +22,13 @@
 # filter's live tests skip themselves without IDEMD_BIN (README "Install" on a fresh clone); here
 # it is always set, and a skipped one fails the run.
 #
+# Last, the Kafka consumer example (examples/kafka-consumer/, a module of its own: the core keeps no
+# Kafka dependency) under scripts/kafka.sh, which starts a throwaway one-node broker and passes its
+# address in IDEMD_TEST_KAFKA_BROKERS: ConsumerScenariosTest plays
+# clients/conformance/consumer-scenarios.json with the consumer program in separate JVMs (and the
+# negative controls), ReadmeConsumerTest runs the README's consumer block. IDEMD_KAFKA_REQUIRED makes
+# them fail, not skip, without a broker.
+#
 #   IDEMD_BIN=/path/to/idemd IDEMD_TEST_CERTS=/path/to/test-certs clients/java/test.sh
 #
 # Installs a JDK (17+) and Maven with apt when missing; Maven dependencies, protoc and the gRPC
@@ -114,3 +121,11 @@ if grep -l 'skipped="[1-9]' "${reports[@]}" >&2; then
   exit 1
 fi
 mvn_quiet -f spring-example/pom.xml test
+
+# The consumer scenarios against a real broker; their `consumer scenario N (...): pass in X s` lines
+# go to the console.
+IDEMD_KAFKA_REQUIRED=1 "$root/scripts/kafka.sh" run -- \
+  mvn -B -ntp -Dstyle.color=never \
+    -Dorg.slf4j.simpleLogger.defaultLogLevel=warn \
+    -Dorg.slf4j.simpleLogger.log.org.apache.maven.plugin.surefire=info \
+    -f examples/kafka-consumer/pom.xml test 2>&1 | sed -u 's/\x1b\[[0-9;]*m//g'
