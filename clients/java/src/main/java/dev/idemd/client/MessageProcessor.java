@@ -50,7 +50,6 @@ import java.util.regex.Pattern;
  */
 public final class MessageProcessor {
   private static final Pattern KEY = Pattern.compile("[A-Za-z0-9_-]{1,255}");
-  private static final String CONTENT_TYPE = "application/octet-stream";
 
   /** What {@link #process} did, and what the loop does next. */
   public enum Kind {
@@ -148,7 +147,9 @@ public final class MessageProcessor {
             + "\": 1 to 255 characters of [A-Za-z0-9_-] expected");
       }
     }
-    HttpRequestSpec request = HttpRequestSpec.of("POST", "/message", CONTENT_TYPE, message.valueUnsafe());
+    // The one fingerprint every SDK's helper sends (consumer-scenarios.md): method CONSUME, path the
+    // endpoint, the value's bytes, no content type (so no JSON canonicalization).
+    HttpRequestSpec request = HttpRequestSpec.of("CONSUME", endpoint, "", message.valueUnsafe());
     try {
       ExecuteResult result =
           client.executeOnce(endpoint, key, request, execution -> {
