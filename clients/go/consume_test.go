@@ -166,7 +166,7 @@ func claimRaw(t *testing.T, c *idemd.Client, endpoint, key, value string, lease 
 	t.Helper()
 	resp, err := c.Claim(context.Background(), &idemdv1.ClaimRequest{Endpoint: endpoint, Key: key,
 		Lease: durationpb.New(lease), Fingerprint: &idemdv1.ClaimRequest_Request{Request: &idemdv1.HttpRequest{
-			Method: "CONSUME", Path: endpoint, ContentType: "application/octet-stream", Body: []byte(value)}}})
+			Method: "CONSUME", Path: endpoint, Body: []byte(value)}}})
 	if err != nil || resp.GetClaimed() == nil {
 		t.Fatalf("raw claim: %v %v", resp, err)
 	}

@@ -59,7 +59,7 @@ describe("onceConsumer against a live idemd", () => {
       key,
       attemptId: randomBytes(16).toString("base64url"),
       lease: { seconds: Math.floor(leaseMs / 1000), nanos: (leaseMs % 1000) * 1e6 },
-      sha256: fingerprintV1({ method: "MESSAGE", path: "", body: value }),
+      sha256: fingerprintV1({ method: "CONSUME", path: endpoint, body: value }),
     });
     assert.ok(claimed.claimed, "the key was free");
     return claimed.claimed.leaseToken;

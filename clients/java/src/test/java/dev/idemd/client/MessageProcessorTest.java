@@ -263,7 +263,7 @@ class MessageProcessorTest {
 
   /** A Claim whose holder then "dies": a 300 ms lease nobody extends, completes or fails. */
   private ClaimResponse abandonedClaim(String endpoint, String key, Message m) {
-    byte[] fingerprint = Fingerprint.v1("POST", "/message", "application/octet-stream", m.value(), List.of());
+    byte[] fingerprint = Fingerprint.v1("CONSUME", endpoint, "", m.value(), List.of());
     return client.claim(ClaimRequest.newBuilder().setEndpoint(endpoint).setKey(key)
         .setSha256(ByteString.copyFrom(fingerprint))
         .setLease(ExecuteEngine.toProto(Duration.ofMillis(300))).build());
