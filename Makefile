@@ -185,7 +185,8 @@ bench-smoke:
 ## claims, wrong replays and unanswered calls; then, on a 3-node Cassandra
 ## cluster, one replica's clock moved ±3 s and the three partitions (inside a
 ## user and network namespace of the suite's own, cut with nftables), 6 s
-## each. About 3 minutes.
+## each; then two datacenters of two nodes cut from each other. About 5
+## minutes.
 faults-smoke:
 	scripts/test-deps.sh
 	$(CARGO) test -p idemd-faults

@@ -69,7 +69,7 @@ struct Args {
     idemd_bin: PathBuf,
     /// Only these scenarios (kill9, pause, torn-wal, corrupt-page,
     /// damage-unscrubbed, backup-restore, full-disk, cql-node-kill, cql-node-pause, cql-quorum-loss,
-    /// cql-cluster-restart, cql-clock-skew, cql-mixed-fleet, cql-partition-node,
+    /// cql-cluster-restart, cql-clock-skew, cql-mixed-fleet, cql-partition-node, cql-partition-dc,
     /// cql-partition-replica, cql-partition-split; of the CQL ones the
     /// short profile runs the clock skew and the partitions).
     #[arg(long, value_delimiter = ',')]

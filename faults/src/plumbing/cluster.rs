@@ -1,5 +1,6 @@
-//! The test Cassandra cluster (`scripts/cassandra.sh`, 3 nodes, keyspace
-//! RF 3), driven from the suite: started, one node killed, paused, resumed
+//! The test Cassandra cluster (`scripts/cassandra.sh`: 3 nodes, keyspace
+//! RF 3; or two datacenters of 2 nodes, 2 replicas in each), driven from
+//! the suite: started, one node killed, paused, resumed
 //! or restarted, stopped. The cluster takes ~15 s to start and each node
 //! restart ~10 s, which is why the CQL scenarios share one cluster.
 
@@ -10,6 +11,42 @@ use anyhow::{Context, bail};
 /// Nodes of the test cluster (node I listens on 127.0.0.I:9042 unless
 /// placed elsewhere: [`Placement`]).
 pub const NODES: usize = 3;
+
+/// The most nodes any layout has (the suite's network makes room for
+/// them).
+pub const MAX_NODES: usize = 4;
+
+/// How the nodes are laid out, and the keyspace's replication on them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// [`NODES`] nodes in one datacenter, RF 3.
+    One,
+    /// Four nodes: `dc1` (1, 2) and `dc2` (3, 4), two replicas in each.
+    TwoDatacenters,
+}
+
+impl Layout {
+    fn nodes(self) -> usize {
+        match self {
+            Layout::One => NODES,
+            Layout::TwoDatacenters => MAX_NODES,
+        }
+    }
+
+    fn start_args(self) -> &'static [&'static str] {
+        match self {
+            Layout::One => &["start", "--nodes", "3"],
+            Layout::TwoDatacenters => &["start", "--nodes", "4", "--dcs", "2"],
+        }
+    }
+
+    fn replication(self) -> &'static str {
+        match self {
+            Layout::One => "{'class': 'SimpleStrategy', 'replication_factor': 3}",
+            Layout::TwoDatacenters => "{'class': 'NetworkTopologyStrategy', 'dc1': 2, 'dc2': 2}",
+        }
+    }
+}
 
 /// The keyspace every CQL scenario shares (each run's keys are its own:
 /// `harness::workload`).
@@ -103,17 +140,24 @@ impl Cluster {
     /// Starts a fresh 3-node cluster as `spec` says and creates the
     /// suite's keyspace with RF 3 (`idemd migrate`, with `bin`).
     pub async fn start(spec: ClusterSpec, bin: &Path) -> anyhow::Result<Self> {
-        spec.run(&["start", "--nodes", "3"]).await?;
-        let nodes: Vec<String> = (1..=NODES)
+        Self::start_layout(spec, bin, Layout::One).await
+    }
+
+    /// [`Cluster::start`] with another layout (the script wipes whatever
+    /// cluster ran before).
+    pub async fn start_layout(
+        spec: ClusterSpec,
+        bin: &Path,
+        layout: Layout,
+    ) -> anyhow::Result<Self> {
+        spec.run(layout.start_args()).await?;
+        let nodes: Vec<String> = (1..=layout.nodes())
             .map(|i| format!("{}:9042", spec.placement.address(i)))
             .collect();
         let nodes = nodes.join(",");
         let status = tokio::process::Command::new(bin)
             .args(["migrate", "--cql-nodes", &nodes, "--keyspace", KEYSPACE])
-            .args([
-                "--replication",
-                "{'class': 'SimpleStrategy', 'replication_factor': 3}",
-            ])
+            .args(["--replication", layout.replication()])
             .status()
             .await?;
         if !status.success() {

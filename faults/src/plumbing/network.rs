@@ -22,7 +22,7 @@ use std::process::Stdio;
 
 use anyhow::Context;
 
-use crate::plumbing::cluster::{NODES, Placement};
+use crate::plumbing::cluster::{MAX_NODES, Placement};
 use crate::plumbing::namespace::{self, Anchor, check};
 
 /// The nftables table the cuts live in.
@@ -41,7 +41,8 @@ pub struct Member {
 
 /// The suite's network: the router (this namespace) and its members.
 pub struct Network {
-    /// Nodes 1, 2, 3: the cluster runs in their namespaces, cuts name them.
+    /// Nodes 1 to 4 (the one-datacenter layout uses three): the cluster
+    /// runs in their namespaces, cuts name them.
     pub nodes: Vec<Member>,
     /// Replica 0 and replica 1: each idemd replica runs in one of these.
     pub replicas: Vec<Member>,
@@ -78,7 +79,7 @@ impl Network {
             "add table inet {TABLE}\n\
              add chain inet {TABLE} forward {{ type filter hook forward priority 0; policy accept; }}\n"
         ))?;
-        let nodes = (1..=NODES)
+        let nodes = (1..=MAX_NODES)
             .map(|i| Self::member(&format!("n{i}"), i))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let replicas = (0..2)

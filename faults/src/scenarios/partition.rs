@@ -1,6 +1,7 @@
 //! The partition scenarios (issue 29): the 3-node cluster and two idemd
 //! replicas on a network of the suite's own (`plumbing::network`), where
-//! links are cut and healed.
+//! links are cut and healed; then two datacenters of two nodes, one replica
+//! in each, cut from each other (issue 38).
 //!
 //! The suite must not touch the host's network, so `idemd-faults` re-runs
 //! itself inside a user and network namespace of its own ([`isolated`])
@@ -24,16 +25,17 @@ use anyhow::Context;
 use crate::harness::judge::{error_rate, recovery, require_recovery};
 use crate::harness::report::{Profile, Report};
 use crate::harness::run::{Run, Setup};
-use crate::plumbing::cluster::{Cluster, ClusterSpec};
+use crate::plumbing::cluster::{Cluster, ClusterSpec, Layout};
 use crate::plumbing::namespace::rerun_in_network_namespace;
 use crate::plumbing::network::{Member, Network};
 use crate::plumbing::server::Server;
 
 /// The partition scenarios, in the order they run.
-pub const SCENARIOS: [&str; 3] = [
+pub const SCENARIOS: [&str; 4] = [
     "cql-partition-node",
     "cql-partition-replica",
     "cql-partition-split",
+    "cql-partition-dc",
 ];
 
 /// The share of calls through a replica that still reaches a quorum which
@@ -59,6 +61,12 @@ enum Cut {
     /// Node 3 and replica 0 from nodes 1, 2 and replica 1: a minority that
     /// cannot make a quorum, and a majority that can.
     Split,
+    /// On the two-datacenter layout, `dc1` (nodes 1, 2, replica 0) from
+    /// `dc2` (nodes 3, 4, replica 1). With `quorum` (3 of the 4 replicas of
+    /// a key) neither side makes a quorum: every LWT is refused on both
+    /// sides until the link returns, the price of linearizability across
+    /// datacenters (docs/scylla.md, "Consistency").
+    Datacenters,
 }
 
 impl Cut {
@@ -68,6 +76,24 @@ impl Cut {
             Cut::Node => SCENARIOS[0],
             Cut::Replica => SCENARIOS[1],
             Cut::Split => SCENARIOS[2],
+            Cut::Datacenters => SCENARIOS[3],
+        }
+    }
+
+    /// The cluster it runs on.
+    fn layout(self) -> Layout {
+        match self {
+            Cut::Datacenters => Layout::TwoDatacenters,
+            Cut::Node | Cut::Replica | Cut::Split => Layout::One,
+        }
+    }
+
+    /// Flags of replica `r` beyond the cluster's: on two datacenters each
+    /// replica routes to its own.
+    fn replica_flags(self, r: usize) -> Vec<String> {
+        match self {
+            Cut::Datacenters => vec!["--cql-local-dc".into(), format!("dc{}", r + 1)],
+            Cut::Node | Cut::Replica | Cut::Split => Vec::new(),
         }
     }
 
@@ -80,6 +106,10 @@ impl Cut {
             }
             Cut::Split => {
                 "split: node 3 + replica 0 (no quorum) | nodes 1, 2 + replica 1 (a quorum)"
+            }
+            Cut::Datacenters => {
+                "datacenters cut: dc1 (nodes 1, 2 + replica 0) | dc2 (nodes 3, 4 + replica 1); \
+                 RF 2 + 2, consistency quorum: no side has 3 of 4"
             }
         };
         format!(
@@ -103,6 +133,10 @@ impl Cut {
                 vec![node(3), replica(0)],
                 vec![node(1), node(2), replica(1)],
             ),
+            Cut::Datacenters => (
+                vec![node(1), node(2), replica(0)],
+                vec![node(3), node(4), replica(1)],
+            ),
         }
     }
 
@@ -112,6 +146,7 @@ impl Cut {
         match self {
             Cut::Node => &[0, 1],
             Cut::Replica | Cut::Split => &[1],
+            Cut::Datacenters => &[],
         }
     }
 }
@@ -171,35 +206,43 @@ pub async fn isolated(partitions: &Partitions<'_>) -> anyhow::Result<Vec<Report>
 /// it, each cut in turn; the cluster is stopped whatever a scenario returns.
 pub async fn inside(partitions: &Partitions<'_>) -> anyhow::Result<Vec<Report>> {
     let net = Network::new()?;
-    let spec = ClusterSpec {
-        script: partitions.cassandra_script.to_path_buf(),
-        commitlog_sync: partitions.commitlog_sync.to_string(),
-        placement: net.placement(),
-    };
-    let cluster = Cluster::start(spec, partitions.setup.bin).await?;
-    let stage = Stage {
-        net: &net,
-        cluster: &cluster,
-        setup: &partitions.setup,
-        hold: match partitions.profile {
-            Profile::Short => Duration::from_secs(6),
-            Profile::Full => Duration::from_secs(10),
-        },
+    let hold = match partitions.profile {
+        Profile::Short => Duration::from_secs(6),
+        Profile::Full => Duration::from_secs(10),
     };
     let mut reports = Vec::new();
-    let scenarios = async {
-        for cut in [Cut::Node, Cut::Replica, Cut::Split] {
-            if partitions.scenarios.contains(&cut.name()) {
+    for layout in [Layout::One, Layout::TwoDatacenters] {
+        let cuts: Vec<Cut> = [Cut::Node, Cut::Replica, Cut::Split, Cut::Datacenters]
+            .into_iter()
+            .filter(|cut| cut.layout() == layout && partitions.scenarios.contains(&cut.name()))
+            .collect();
+        if cuts.is_empty() {
+            continue;
+        }
+        let spec = ClusterSpec {
+            script: partitions.cassandra_script.to_path_buf(),
+            commitlog_sync: partitions.commitlog_sync.to_string(),
+            placement: net.placement(),
+        };
+        let cluster = Cluster::start_layout(spec, partitions.setup.bin, layout).await?;
+        let stage = Stage {
+            net: &net,
+            cluster: &cluster,
+            setup: &partitions.setup,
+            hold,
+        };
+        let scenarios = async {
+            for cut in cuts {
                 let report = partition(&stage, cut).await?;
                 report.print();
                 reports.push(report);
             }
+            anyhow::Ok(())
         }
-        anyhow::Ok(())
+        .await;
+        cluster.stop().await?;
+        scenarios?;
     }
-    .await;
-    cluster.stop().await?;
-    scenarios?;
     Ok(reports)
 }
 
@@ -227,21 +270,23 @@ async fn partition(stage: &Stage<'_>, cut: Cut) -> anyhow::Result<Report> {
         hold,
     } = *stage;
     let dir = tempfile::tempdir()?;
-    let mut flags = cluster.flags();
+    let mut common = cluster.flags();
     // The clients reach the replicas from the suite's side of each veth
     // pair: a remote peer to idemd, refused without authentication unless
     // this says it is meant (the suite's namespace has no other peer).
-    flags.push("--allow-unauthenticated-remote".into());
+    common.push("--allow-unauthenticated-remote".into());
     let servers = net
         .replicas
         .iter()
         .enumerate()
         .map(|(r, replica)| {
+            let mut flags = common.clone();
+            flags.extend(cut.replica_flags(r));
             Ok(Server::new(
                 setup.bin,
                 &dir.path().join(format!("replica-{r}")),
                 setup.log_dir,
-                flags.clone(),
+                flags,
             )?
             .on_host(&replica.host)
             .wrapped(replica.anchor.nsenter(&["--net"])))
