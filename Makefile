@@ -11,7 +11,7 @@ IDEMD_BIN ?= $(TARGET_DIR)/debug/idemd
 IDEMD_TEST_CERTS ?= $(TARGET_DIR)/test-certs
 SDKS := python go typescript java
 
-.PHONY: all build release test fmt-check clippy cargo-test cql-test cql-scale cql-scale-smoke observability-test helm-test sdk-test $(addprefix sdk-,$(SDKS)) test-certs fuzz-smoke deny bench bench-middleware bench-proxy bench-startup bench-smoke bench-soak faults faults-smoke run clean
+.PHONY: all build release test fmt-check clippy cargo-test cql-test cql-scale cql-scale-smoke bench-cql-statements observability-test helm-test sdk-test $(addprefix sdk-,$(SDKS)) test-certs fuzz-smoke deny bench bench-middleware bench-proxy bench-startup bench-smoke bench-soak faults faults-smoke run clean
 
 all: build
 
@@ -64,6 +64,14 @@ cql-scale:
 	scripts/with-cassandra.sh -- $(TARGET_DIR)/release/idemd-bench cql-scale \
 		--idemd-bin $(TARGET_DIR)/release/idemd --pairs $(CQL_SCALE_PAIRS) \
 		--json $(TARGET_DIR)/cql-scale.json
+
+## bench-cql-statements: what idemd sends to the CQL store, table by table,
+## counted by Cassandra's own virtual tables: idle (one tenant, then 100 more),
+## and per fresh pair under load (bench/scripts/cql-statements.sh; about 3
+## minutes; the breakdown in docs/benchmarks.md).
+bench-cql-statements:
+	$(CARGO) build --release -p idemd
+	scripts/with-cassandra.sh -- bench/scripts/cql-statements.sh $(TARGET_DIR)/release/idemd
 
 ## cql-scale-smoke: the same check, short (debug build, 10,000 pairs), with
 ## a ListPending bound for a debug build on a busy CI machine (500 ms: it

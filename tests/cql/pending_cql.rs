@@ -672,6 +672,74 @@ async fn records_pending_before_the_upgrade_are_found_after_it() {
         .expect("drop");
 }
 
+/// The gauges ask every replica for every tenant's summary every 15 s;
+/// the sealer scans every cursor every step anyway, so the summaries come
+/// from its last scan while it is at most two steps old, and from a read of
+/// the cursor after that. Shown by changing the stored summary behind the
+/// replica's back: the scanned one is answered until the scan is stale.
+/// Fails without the scan's cache (the change shows at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gauges_read_the_sealers_last_scan_not_the_cursor() {
+    let mut options = crate::cql_support::options();
+    options.keyspace = format!("idemd_summaries_{}", std::process::id());
+    options.seal_grace = Duration::from_millis(900);
+    let replication = "{'class': 'SimpleStrategy', 'replication_factor': 1}";
+    idemd::store::cql::migrate::run(&options, replication, "tests")
+        .await
+        .expect("migrate");
+    let store = CqlStore::open(&options).await.expect("open");
+    let clock = || idemd::clock::Clock::now_ms(&idemd::clock::SystemClock);
+    let record = claim_at("gauged", "k", clock(), 3_600_000);
+    store
+        .insert_if_absent(&record, clock())
+        .await
+        .expect("claim (creates the cursor)");
+    let session = session().await;
+    let keyspace = &options.keyspace;
+    let set_in_progress = |count: i64| {
+        let session = &session;
+        async move {
+            session
+                .query_unpaged(
+                    format!(
+                        "UPDATE {keyspace}.pending_cursor SET summary_at = ?, \
+                         summary_in_progress = ? WHERE tenant = 'gauged' IF EXISTS"
+                    ),
+                    (clock(), count),
+                )
+                .await
+                .expect("set the summary");
+        }
+    };
+    set_in_progress(5).await;
+    store
+        .seal_pending_index(clock())
+        .await
+        .expect("a sealer pass");
+    set_in_progress(9).await;
+    let cached = store
+        .pending_summary("gauged", clock())
+        .await
+        .expect("summary")
+        .expect("stored");
+    assert_eq!(cached.in_progress, 5, "the scanned summary, without a read");
+    // Two steps (2 x 300 ms) later the scan is stale: the cursor is read.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let read = store
+        .pending_summary("gauged", clock())
+        .await
+        .expect("summary")
+        .expect("stored");
+    assert_eq!(
+        read.in_progress, 9,
+        "the cursor, read once the scan is stale"
+    );
+    store.close().await.expect("close");
+    idemd::store::cql::migrate::execute_ddl(&session, format!("DROP KEYSPACE {keyspace}"))
+        .await
+        .expect("drop");
+}
+
 /// A rolling upgrade from the release before migration 3: the chart's
 /// pre-upgrade Job runs `idemd migrate` (nothing to copy yet), new replicas
 /// start, and replicas of the old release keep writing `pending_index`

@@ -202,6 +202,19 @@ pub(super) struct PendingIndex {
     /// replicas of an older release may write it (`None`: the keyspace no
     /// longer has it).
     legacy: Option<legacy::LegacyIndex>,
+    /// Every tenant's stored summary as this replica's sealer last scanned
+    /// the cursors (it scans them every step), so that the gauges, which
+    /// ask for each tenant every 15 s, cost no read of their own.
+    summaries: Mutex<Option<ScannedSummaries>>,
+}
+
+/// The summaries of one scan of `pending_cursor`.
+struct ScannedSummaries {
+    /// When the scan was made.
+    at: std::time::Instant,
+    /// Tenant → its stored summary (`None`: none computed yet). A tenant
+    /// missing here had no cursor.
+    by_tenant: HashMap<String, Option<crate::store::PendingCounts>>,
 }
 
 /// This process's name in the rows it writes for other replicas to read.
@@ -239,6 +252,7 @@ impl PendingIndex {
             cursor_creation: tokio::sync::Mutex::new(()),
             cursors_created: std::sync::atomic::AtomicU64::new(0),
             legacy,
+            summaries: Mutex::new(None),
         })
     }
 

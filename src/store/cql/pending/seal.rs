@@ -180,6 +180,7 @@ impl PendingIndex {
                 }
             }
         }
+        self.remember_summaries(&cursors);
         for cursor in cursors {
             self.tenants.saw_watermark(&cursor.tenant, cursor.watermark);
             match self
@@ -389,11 +390,35 @@ impl PendingIndex {
     }
 
     /// The summary the sealer stored for `tenant`; `None` when none was
-    /// computed yet (the caller counts itself then).
+    /// computed yet (the caller counts itself then). From this replica's
+    /// last scan of the cursors when it is at most two steps old (the
+    /// summary itself is recomputed every 15 s, so this adds at most one
+    /// step of lag); a read of the tenant's cursor otherwise.
     pub(in crate::store::cql) async fn stored_summary(
         &self,
         tenant: &str,
     ) -> StoreResult<Option<PendingCounts>> {
+        let fresh_for = self.step() * 2;
+        if let Ok(scanned) = self.summaries.lock()
+            && let Some(scanned) = scanned.as_ref()
+            && scanned.at.elapsed() <= fresh_for
+        {
+            return Ok(scanned.by_tenant.get(tenant).cloned().flatten());
+        }
         Ok(self.read_cursor(tenant).await?.and_then(|c| c.summary))
+    }
+
+    /// Keeps the summaries of a scan for [`PendingIndex::stored_summary`].
+    fn remember_summaries(&self, cursors: &[Cursor]) {
+        let by_tenant = cursors
+            .iter()
+            .map(|c| (c.tenant.clone(), c.summary.clone()))
+            .collect();
+        if let Ok(mut summaries) = self.summaries.lock() {
+            *summaries = Some(super::ScannedSummaries {
+                at: std::time::Instant::now(),
+                by_tenant,
+            });
+        }
     }
 }
