@@ -265,10 +265,11 @@ impl LegacyIndex {
         if last != i64::MIN && now_ms - last < ADOPT_EVERY_MS {
             return Ok(0);
         }
-        self.adopted_at_ms.store(now_ms, Ordering::Relaxed);
         let recent = day_of(now_ms) - 1;
         let mut oldest: std::collections::HashMap<String, i32> = Default::default();
-        for (tenant, day) in self.partitions(session).await? {
+        // A failed scan is tried again on the next pass, not in 10 minutes.
+        let partitions = self.partitions(session).await?;
+        for (tenant, day) in partitions {
             if day >= recent && !known.contains(&tenant) {
                 let entry = oldest.entry(tenant).or_insert(day);
                 *entry = (*entry).min(day);
@@ -278,6 +279,7 @@ impl LegacyIndex {
             self.ensure_cursor(session, tenant, i64::from(*day) * DAY_MS, now_ms)
                 .await?;
         }
+        self.adopted_at_ms.store(now_ms, Ordering::Relaxed);
         Ok(oldest.len())
     }
 
