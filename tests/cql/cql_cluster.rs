@@ -12,17 +12,6 @@ use idemd::proto::v1 as pb;
 use idemd::store::cql::CqlStore;
 use idemd::store::{InsertOutcome, Record, RecordKey, RecordState, Store, StoreError};
 
-fn cql_flags(keyspace: &str) -> Vec<String> {
-    vec![
-        "--store".into(),
-        "cql".into(),
-        "--cql-nodes".into(),
-        crate::cql_support::nodes().join(","),
-        "--keyspace".into(),
-        keyspace.into(),
-    ]
-}
-
 fn unique(name: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -34,7 +23,7 @@ fn unique(name: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_on_one_cluster_have_one_winner_per_key() {
     crate::cql_support::migrated_options().await;
-    let flags = cql_flags(crate::cql_support::TEST_KEYSPACE);
+    let flags = crate::cql_support::cql_flags(crate::cql_support::TEST_KEYSPACE);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let dir_a = tempfile::tempdir().expect("temp dir");
     let dir_b = tempfile::tempdir().expect("temp dir");
@@ -137,7 +126,7 @@ async fn two_replicas_on_one_cluster_have_one_winner_per_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_between_two_writes_never_hides_a_claim_from_list_pending() {
     crate::cql_support::migrated_options().await;
-    let flags = cql_flags(crate::cql_support::TEST_KEYSPACE);
+    let flags = crate::cql_support::cql_flags(crate::cql_support::TEST_KEYSPACE);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let tenant = unique("crash-points");
     let lease = Duration::from_millis(1500);

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::process::{Process, release_command, sigterm, spawn_command, this_idemd};
 use crate::common::*;
+use crate::cql_support::{Seen, contend};
 use idemd::proto::v1 as pb;
 use idemd::proto::v1::idempotency_client::IdempotencyClient;
 use tonic::transport::Channel;
@@ -57,18 +58,6 @@ fn previous_release() -> Option<PathBuf> {
     Some(path)
 }
 
-/// Flags every replica of either release takes.
-fn cql_flags(keyspace: &str) -> Vec<String> {
-    vec![
-        "--store".into(),
-        "cql".into(),
-        "--cql-nodes".into(),
-        crate::cql_support::nodes().join(","),
-        "--keyspace".into(),
-        keyspace.into(),
-    ]
-}
-
 /// `idemd migrate` of `program` on `keyspace`.
 fn migrate(program: &std::path::Path, keyspace: &str) {
     let output = std::process::Command::new(program)
@@ -88,72 +77,12 @@ fn migrate(program: &std::path::Path, keyspace: &str) {
 /// A replica of `program` on the keyspace (new replicas seal with a short
 /// grace, so the test waits seconds, not the default 15).
 fn replica(program: &std::path::Path, keyspace: &str, dir: &std::path::Path) -> Process {
-    let mut flags = cql_flags(keyspace);
+    let mut flags = crate::cql_support::cql_flags(keyspace);
     if program == this_idemd() {
         flags.extend(["--cql-seal-grace".into(), "6s".into()]);
     }
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     spawn_command(release_command(program, dir, &flags))
-}
-
-/// What one contender saw for its key.
-#[derive(Debug)]
-enum Seen {
-    /// It won and stored this response id.
-    Won(String),
-    /// It was replayed this body.
-    Replayed(Vec<u8>),
-}
-
-/// Claims `key` until it either wins (then completes with a response
-/// naming itself) or is replayed; waits out holders in progress.
-async fn contend(
-    mut client: IdempotencyClient<Channel>,
-    tenant: String,
-    key: String,
-    me: String,
-) -> Seen {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        assert!(Instant::now() < deadline, "{me}: {key} never settled");
-        let answer = match client
-            .claim(as_tenant(&tenant, claim(PAYMENTS, &key, 7)))
-            .await
-        {
-            Ok(answer) => answer.into_inner(),
-            Err(status) if status.code() == tonic::Code::Unavailable => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-            Err(status) => panic!("{me}: claim {key}: {status}"),
-        };
-        match &answer.outcome {
-            Some(pb::claim_response::Outcome::Claimed(claimed)) => {
-                let id = format!("{key}-{me}");
-                client
-                    .complete(as_tenant(
-                        &tenant,
-                        pb::CompleteRequest {
-                            endpoint: PAYMENTS.into(),
-                            key: key.clone(),
-                            lease_token: claimed.lease_token.clone(),
-                            response: Some(sample_response(&id)),
-                        },
-                    ))
-                    .await
-                    .unwrap_or_else(|status| panic!("{me}: complete {key}: {status}"));
-                return Seen::Won(id);
-            }
-            Some(pb::claim_response::Outcome::Replayed(replayed)) => {
-                let body = replayed.response.as_ref().map(|r| r.body.clone());
-                return Seen::Replayed(body.unwrap_or_default());
-            }
-            Some(pb::claim_response::Outcome::InProgress(_)) => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            other => panic!("{me}: claim {key}: unexpected {other:?}"),
-        }
-    }
 }
 
 /// Leaves `STALE` claims with a short lease that nobody completes.

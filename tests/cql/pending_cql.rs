@@ -298,21 +298,20 @@ async fn claims_near_the_watermark_are_never_sealed_away() {
 }
 
 fn seal_flags(keyspace: &str) -> Vec<String> {
-    vec![
-        "--store".into(),
-        "cql".into(),
-        "--cql-nodes".into(),
-        crate::cql_support::nodes().join(","),
-        "--keyspace".into(),
-        keyspace.into(),
-        // A short grace, so the sealer reaches a fresh claim's bucket in
-        // seconds; it must exceed max_clock_skew (100 ms) plus the request
-        // timeout (Settings::validate), hence the shorter timeout.
-        "--cql-seal-grace".into(),
-        "1500ms".into(),
-        "--cql-request-timeout".into(),
-        "1s".into(),
-    ]
+    let mut flags = crate::cql_support::cql_flags(keyspace);
+    flags.extend(
+        [
+            // A short grace, so the sealer reaches a fresh claim's bucket in
+            // seconds; it must exceed max_clock_skew (100 ms) plus the request
+            // timeout (Settings::validate), hence the shorter timeout.
+            "--cql-seal-grace",
+            "1500ms",
+            "--cql-request-timeout",
+            "1s",
+        ]
+        .map(String::from),
+    );
+    flags
 }
 
 /// The sealer's two crash points: idemd killed after copying a stale claim

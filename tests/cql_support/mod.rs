@@ -77,3 +77,81 @@ pub async fn start_cql(hook: crate::common::SettingsHook) -> crate::common::Test
     });
     crate::common::TestServer::start(dir, settings, Some(factory)).await
 }
+
+/// The `idemd` flags that serve `keyspace` of the test cluster.
+pub fn cql_flags(keyspace: &str) -> Vec<String> {
+    vec![
+        "--store".into(),
+        "cql".into(),
+        "--cql-nodes".into(),
+        nodes().join(","),
+        "--keyspace".into(),
+        keyspace.into(),
+    ]
+}
+
+/// What one contender saw for its key ([`contend`]).
+#[derive(Debug)]
+pub enum Seen {
+    /// It won and stored the response of this id (`sample_response`).
+    Won(String),
+    /// It was replayed this body.
+    Replayed(Vec<u8>),
+}
+
+/// Claims `key` of `tenant` until it either wins (then completes with a
+/// response naming `me`) or is replayed; waits out holders in progress and
+/// retries `UNAVAILABLE`. The multi-replica tests' careful caller.
+pub async fn contend(
+    mut client: idemd::proto::v1::idempotency_client::IdempotencyClient<tonic::transport::Channel>,
+    tenant: String,
+    key: String,
+    me: String,
+) -> Seen {
+    use crate::common::{PAYMENTS, as_tenant, claim, sample_response};
+    use idemd::proto::v1 as pb;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{me}: {key} never settled"
+        );
+        let answer = match client
+            .claim(as_tenant(&tenant, claim(PAYMENTS, &key, 7)))
+            .await
+        {
+            Ok(answer) => answer.into_inner(),
+            Err(status) if status.code() == tonic::Code::Unavailable => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            Err(status) => panic!("{me}: claim {key}: {status}"),
+        };
+        match &answer.outcome {
+            Some(pb::claim_response::Outcome::Claimed(claimed)) => {
+                let id = format!("{key}-{me}");
+                client
+                    .complete(as_tenant(
+                        &tenant,
+                        pb::CompleteRequest {
+                            endpoint: PAYMENTS.into(),
+                            key: key.clone(),
+                            lease_token: claimed.lease_token.clone(),
+                            response: Some(sample_response(&id)),
+                        },
+                    ))
+                    .await
+                    .unwrap_or_else(|status| panic!("{me}: complete {key}: {status}"));
+                return Seen::Won(id);
+            }
+            Some(pb::claim_response::Outcome::Replayed(replayed)) => {
+                let body = replayed.response.as_ref().map(|r| r.body.clone());
+                return Seen::Replayed(body.unwrap_or_default());
+            }
+            Some(pb::claim_response::Outcome::InProgress(_)) => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => panic!("{me}: claim {key}: unexpected {other:?}"),
+        }
+    }
+}
