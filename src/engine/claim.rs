@@ -147,6 +147,14 @@ impl Engine {
         let now = self.now();
         let mut current = if self.store.read_before_insert() {
             self.read(&request.id, now).await?
+        } else if self.existing.contains(&request.id, now) {
+            // A duplicate: a read answers it without a conditional write
+            // (see `existing`); a key gone since is created below.
+            let found = self.read(&request.id, now).await?;
+            if found.is_none() {
+                self.existing.forget(&request.id);
+            }
+            found
         } else {
             // The insert below reports the existing record if there is one.
             self.cached(&request.id, now)
@@ -189,6 +197,7 @@ impl Engine {
                 match self.store.insert_if_absent(&record, now).await? {
                     InsertOutcome::Inserted => {
                         self.granted.remember(&record, now);
+                        self.existing.remember(&record.id, record.expires_at_ms);
                         self.transition(Transition::routine(
                             &record,
                             "none",
@@ -205,6 +214,7 @@ impl Engine {
                             limiter.refund(&request.id.tenant, now);
                         }
                         self.cache.insert(&winner);
+                        self.existing.remember(&winner.id, winner.expires_at_ms);
                         current = Some(winner);
                         continue;
                     }

@@ -31,15 +31,17 @@
 //! * `transitions`: the event of every transition and the audit trail;
 //! * [`skew`]: this replica's clock against the cluster's, and the
 //!   takeovers it refuses while they may be too far apart;
-//! * [`cache`], [`granted`], [`waiters`], [`limits`], [`policy`],
-//!   [`validate`], [`error`]: the pieces those use.
+//! * [`cache`], [`existing`], [`granted`], [`waiters`], [`limits`],
+//!   [`policy`], [`validate`], [`error`]: the pieces those use.
 //!
-//! The unit tests (`tests.rs`) drive the engine over
+//! The unit tests (`tests.rs`, and `insert_first_tests.rs` for a store
+//! that inserts before it reads) drive the engine over
 //! [`crate::store::memory::MemoryStore`] with a manual clock: no network,
 //! no disk.
 
 pub mod cache;
 pub mod error;
+pub mod existing;
 pub mod granted;
 pub mod limits;
 pub mod policy;
@@ -49,6 +51,8 @@ pub mod waiters;
 
 mod claim;
 mod finish;
+#[cfg(test)]
+mod insert_first_tests;
 mod reconcile;
 #[cfg(test)]
 mod tests;
@@ -76,6 +80,7 @@ pub use types::{
 };
 
 use cache::CompletedCache;
+use existing::ExistingKeys;
 use granted::Granted;
 use skew::Skew;
 use waiters::Waiters;
@@ -110,6 +115,9 @@ pub struct Engine {
     waiters: Waiters,
     /// Completed records, for cheap replays.
     cache: CompletedCache,
+    /// Keys seen to exist: their next Claim reads before it inserts, so a
+    /// duplicate costs no conditional write (see [`existing`]).
+    existing: ExistingKeys,
     /// Claims granted here and not finished yet: a holder's Complete, Fail
     /// or ExtendLease skips its read (see [`granted`]).
     granted: Granted,
@@ -158,6 +166,7 @@ impl Engine {
         // A test's manual clock is as far off any cluster as the test moves
         // it: nothing to measure.
         let skew = Skew::new(store.has_cluster_clock() && clock.follows_real_time());
+        let existing = ExistingKeys::new(!store.read_before_insert());
         Self {
             granted: Granted::default(),
             store,
@@ -165,6 +174,7 @@ impl Engine {
             policies,
             waiters: Waiters::default(),
             cache: CompletedCache::new(cache_bytes),
+            existing,
             audit: None,
             claim_limiter: None,
             skew,

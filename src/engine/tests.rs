@@ -51,7 +51,7 @@ fn harness() -> Harness {
 }
 
 /// Another engine (replica) over `store`, with default policies.
-fn replica(store: Arc<MemoryStore>, clock: &ManualClock, cache_bytes: usize) -> Engine {
+pub(super) fn replica(store: Arc<MemoryStore>, clock: &ManualClock, cache_bytes: usize) -> Engine {
     Engine::new(
         store,
         Arc::new(clock.clone()),
@@ -182,57 +182,6 @@ async fn a_claim_granted_by_another_replica_is_read_then_finished() {
     h.complete(PAY, "k", &lease.lease_token, "ok")
         .await
         .expect("a retried Complete with the same response");
-}
-
-#[tokio::test]
-async fn without_a_read_before_insert_the_insert_answers_for_an_existing_key() {
-    let clock = ManualClock::new(1_800_000_000_000);
-    let store = Arc::new(MemoryStore::inserting_first());
-    let (first, other) = (
-        replica(store.clone(), &clock, 1024 * 1024),
-        replica(store.clone(), &clock, 0),
-    );
-    let ClaimOutcome::Claimed(lease) = first
-        .claim(TENANT, input(PAY, "k", "{}"))
-        .await
-        .expect("claim")
-        .outcome
-    else {
-        panic!("a fresh key is claimed");
-    };
-    assert_eq!(store.reads(), 0, "a fresh key costs no read");
-    // Another replica, nothing cached: the in-flight claim is reported.
-    assert!(matches!(
-        other
-            .claim(TENANT, input(PAY, "k", "{}"))
-            .await
-            .expect("claim")
-            .outcome,
-        ClaimOutcome::InProgress { .. }
-    ));
-    first
-        .complete(TENANT, PAY, "k", &lease.lease_token, response("ok"))
-        .await
-        .expect("complete");
-    match other
-        .claim(TENANT, input(PAY, "k", "{}"))
-        .await
-        .expect("claim")
-        .outcome
-    {
-        ClaimOutcome::Replayed { response: r, .. } => assert_eq!(r, response("ok")),
-        outcome => panic!("expected a replay, got {outcome:?}"),
-    }
-    assert_eq!(
-        other
-            .claim(TENANT, input(PAY, "k", "{\"changed\":1}"))
-            .await
-            .expect("claim")
-            .outcome,
-        ClaimOutcome::Mismatch
-    );
-    assert_eq!(store.reads(), 0, "every answer came from the insert");
-    assert_eq!(store.len(), 1);
 }
 
 #[tokio::test]

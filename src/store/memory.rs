@@ -159,6 +159,9 @@ pub struct MemoryStore {
     tables: Mutex<Tables>,
     /// Calls of [`Store::get`]: lets engine tests prove a path does not read.
     reads: std::sync::atomic::AtomicU64,
+    /// Calls of [`Store::insert_if_absent`]: lets engine tests prove a path
+    /// makes no conditional insert (on CQL, a Paxos round).
+    inserts: std::sync::atomic::AtomicU64,
     /// `max_records` of each [`Store::sweep_expired`] call, in order: lets
     /// engine tests prove a sweep runs in bounded steps.
     sweep_requests: Mutex<Vec<usize>>,
@@ -205,6 +208,11 @@ impl MemoryStore {
         self.reads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// How many times [`Store::insert_if_absent`] was called.
+    pub fn inserts(&self) -> u64 {
+        self.inserts.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The `max_records` of every sweep asked of this store, in order.
     pub fn sweep_requests(&self) -> Vec<usize> {
         self.sweep_requests
@@ -249,6 +257,8 @@ impl Store for MemoryStore {
     }
 
     async fn insert_if_absent(&self, record: &Record, now_ms: i64) -> StoreResult<InsertOutcome> {
+        self.inserts
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut tables = self.lock();
         let fault = tables.write_fault()?;
         if let Some(existing) = tables.live(&record.id, now_ms) {

@@ -367,8 +367,9 @@ pub trait Store: Send + Sync + 'static {
     /// conditional insert, which reports the existing record anyway: for a
     /// backend whose read is a network round trip (CQL: a QUORUM read,
     /// where `INSERT … IF NOT EXISTS` returns the row it did not replace)
-    /// that saves the round trip per fresh key. The engine's tests cover
-    /// the `false` path (`MemoryStore::inserting_first`).
+    /// that saves the round trip per fresh key; a key the engine has seen
+    /// exist is still read first (`engine::existing`). The engine's tests
+    /// cover the `false` path (`MemoryStore::inserting_first`).
     fn read_before_insert(&self) -> bool {
         true
     }

@@ -1,7 +1,8 @@
 //! What a fresh pair costs on the CQL store (issue 27): no read on the
 //! reply path of a Claim of a new key or of its holder's Complete, while a
 //! Complete with a token the replica did not grant still reads and is
-//! refused by the condition.
+//! refused by the condition. And what a duplicate costs: a read, not
+//! another LWT on the key's partition (`engine::existing`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,12 +18,15 @@ use idemd::store::{
     RecordKey, Store, StoreResult,
 };
 
-/// The CQL store, counting the reads the engine asks for.
+/// The CQL store, counting the reads and conditional inserts the engine
+/// asks for.
 struct CountingReads {
     /// The store under test.
     inner: CqlStore,
     /// Calls of [`Store::get`].
     gets: Arc<AtomicU64>,
+    /// Calls of [`Store::insert_if_absent`] (each an LWT).
+    inserts: Arc<AtomicU64>,
 }
 
 #[async_trait]
@@ -38,6 +42,7 @@ impl Store for CountingReads {
         self.inner.get(id, now_ms).await
     }
     async fn insert_if_absent(&self, record: &Record, now_ms: i64) -> StoreResult<InsertOutcome> {
+        self.inserts.fetch_add(1, Ordering::SeqCst);
         self.inner.insert_if_absent(record, now_ms).await
     }
     async fn replace_if(
@@ -80,26 +85,34 @@ impl Store for CountingReads {
     }
 }
 
-/// Fresh pairs read nothing; a forged lease token is read and refused.
-/// Fails if the CQL store asks for a read before its insert
-/// (`read_before_insert`) or the engine reads before the holder's update
-/// (`engine::granted`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fresh_pair_reads_nothing_and_a_forged_token_is_still_refused() {
+/// A server on the CQL store whose reads and conditional inserts are
+/// counted.
+async fn counting_server() -> (TestServer, Arc<AtomicU64>, Arc<AtomicU64>) {
     let options = crate::cql_support::migrated_options().await;
-    let gets = Arc::new(AtomicU64::new(0));
-    let counted = gets.clone();
+    let (gets, inserts) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (counted_gets, counted_inserts) = (gets.clone(), inserts.clone());
     let dir = tempfile::tempdir().expect("temp dir");
     let mut settings = test_settings(dir.path());
     settings.store = idemd::config::StoreSettings::Cql(options.clone());
     let factory: StoreFactory = Box::pin(async move {
         let store: Arc<dyn Store> = Arc::new(CountingReads {
             inner: CqlStore::open(&options).await?,
-            gets: counted,
+            gets: counted_gets,
+            inserts: counted_inserts,
         });
         Ok(store)
     });
-    let mut server = TestServer::start(dir, settings, Some(factory)).await;
+    let server = TestServer::start(dir, settings, Some(factory)).await;
+    (server, gets, inserts)
+}
+
+/// Fresh pairs read nothing; a forged lease token is read and refused.
+/// Fails if the CQL store asks for a read before its insert
+/// (`read_before_insert`) or the engine reads before the holder's update
+/// (`engine::granted`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_pair_reads_nothing_and_a_forged_token_is_still_refused() {
+    let (mut server, gets, _) = counting_server().await;
     let tenant = "round-trips";
     let run = std::process::id();
     let complete = |key: &str, lease_token: &str, body: &str| {
@@ -155,5 +168,77 @@ async fn a_fresh_pair_reads_nothing_and_a_forged_token_is_still_refused() {
     assert!(
         gets.load(Ordering::SeqCst) >= 1,
         "a token this replica did not grant is checked against the stored record"
+    );
+}
+
+/// Duplicates of an in-flight key, polled as clients do (409 + Retry-After)
+/// and waiting server-side, cost reads, not LWTs on the key's partition:
+/// each LWT bumps the partition's Paxos ballot, and a crowd of them starved
+/// the holder's Complete. Fails without `engine::existing`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_of_an_in_flight_key_cost_reads_not_lwts() {
+    let (mut server, gets, inserts) = counting_server().await;
+    let tenant = "round-trips";
+    let key = format!("duplicated-{}", std::process::id());
+    let answer = server
+        .client
+        .claim(as_tenant(tenant, claim(PAYMENTS, &key, 10)))
+        .await
+        .expect("claim")
+        .into_inner();
+    let lease = claimed(&answer);
+    for _ in 0..20 {
+        let answer = server
+            .client
+            .claim(as_tenant(tenant, claim(PAYMENTS, &key, 10)))
+            .await
+            .expect("duplicate claim")
+            .into_inner();
+        assert!(
+            matches!(
+                answer.outcome,
+                Some(pb::claim_response::Outcome::InProgress(_))
+            ),
+            "{answer:?}"
+        );
+    }
+    let mut waiting = claim(PAYMENTS, &key, 10);
+    waiting.wait = Some(dur(Duration::from_secs(5)));
+    let mut waiter = server.client.clone();
+    let waited = tokio::spawn(async move { waiter.claim(as_tenant(tenant, waiting)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server
+        .client
+        .complete(as_tenant(
+            tenant,
+            pb::CompleteRequest {
+                endpoint: PAYMENTS.into(),
+                key: key.clone(),
+                lease_token: lease.lease_token.clone(),
+                response: Some(sample_response("ok")),
+            },
+        ))
+        .await
+        .expect("the holder's Complete");
+    let waited = waited
+        .await
+        .expect("waiter")
+        .expect("waiting claim")
+        .into_inner();
+    assert!(
+        matches!(
+            waited.outcome,
+            Some(pb::claim_response::Outcome::Replayed(_))
+        ),
+        "{waited:?}"
+    );
+    assert_eq!(
+        inserts.load(Ordering::SeqCst),
+        1,
+        "LWT inserts: the holder's only, none for 21 duplicates"
+    );
+    assert!(
+        gets.load(Ordering::SeqCst) >= 21,
+        "each duplicate read the key instead"
     );
 }

@@ -39,7 +39,9 @@
 //! * Claim: the index entry (a plain write), then `INSERT … IF NOT EXISTS`,
 //!   which returns the row it did not replace, so no read comes first
 //!   ([`Store::read_before_insert`] is `false`). When a live record held
-//!   the key, the entry just written is deleted before the reply.
+//!   the key, the entry just written is deleted before the reply. A key
+//!   the engine has seen exist is read first instead (`engine::existing`):
+//!   a duplicate then writes nothing.
 //! * Complete: `UPDATE … IF` built from the record the engine granted
 //!   (`engine::granted`), then the index delete after the reply
 //!   (`PendingIndex::after_completion`).
