@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use common::process::{Process, spawn};
 use common::*;
+use cql_support::{Seen, contend};
 use idemd::proto::v1 as pb;
 use idemd::proto::v1::idempotency_client::IdempotencyClient;
 use tonic::transport::Channel;
@@ -99,56 +100,6 @@ fn replica(keyspace: &str, dc: usize, consistency: &str, dir: &std::path::Path) 
     )
 }
 
-/// Claims `key` until it wins (and completes with a response naming the
-/// contender) or is replayed; the id of the response it won with, if any.
-async fn contend(
-    mut client: IdempotencyClient<Channel>,
-    tenant: String,
-    key: String,
-    me: String,
-) -> (Option<String>, Option<Vec<u8>>) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        assert!(Instant::now() < deadline, "{me}: {key} never settled");
-        let answer = match client
-            .claim(as_tenant(&tenant, claim(PAYMENTS, &key, 7)))
-            .await
-        {
-            Ok(answer) => answer.into_inner(),
-            Err(status) if status.code() == tonic::Code::Unavailable => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-            Err(status) => panic!("{me}: claim {key}: {status}"),
-        };
-        match &answer.outcome {
-            Some(pb::claim_response::Outcome::Claimed(claimed)) => {
-                let id = format!("{key}-{me}");
-                client
-                    .complete(as_tenant(
-                        &tenant,
-                        pb::CompleteRequest {
-                            endpoint: PAYMENTS.into(),
-                            key: key.clone(),
-                            lease_token: claimed.lease_token.clone(),
-                            response: Some(sample_response(&id)),
-                        },
-                    ))
-                    .await
-                    .unwrap_or_else(|status| panic!("{me}: complete {key}: {status}"));
-                return (Some(id), None);
-            }
-            Some(pb::claim_response::Outcome::Replayed(replayed)) => {
-                return (None, replayed.response.as_ref().map(|r| r.body.clone()));
-            }
-            Some(pb::claim_response::Outcome::InProgress(_)) => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            other => panic!("{me}: claim {key}: unexpected {other:?}"),
-        }
-    }
-}
-
 /// Every key of `tenant` contended by `CONTENDERS` callers on each of
 /// `replicas`; asserts one winner per key and every replay equal to the
 /// winner's response; returns each key's winner.
@@ -174,9 +125,8 @@ async fn one_winner_per_key(
     let mut replays: Vec<(String, Vec<u8>)> = Vec::new();
     for (key, task) in tasks {
         match task.await.expect("contender") {
-            (Some(id), _) => winners.entry(key).or_default().push(id),
-            (None, Some(body)) => replays.push((key, body)),
-            (None, None) => panic!("{key}: a replay without a response"),
+            Seen::Won(id) => winners.entry(key).or_default().push(id),
+            Seen::Replayed(body) => replays.push((key, body)),
         }
     }
     for key in (0..KEYS).map(|k| format!("k{k}")) {
