@@ -335,8 +335,8 @@ class _Timers:
     thread sleeps until the first entry's time whether or not it was
     cancelled; it is woken only for an entry due before that. Dropping
     cancelled heads at once emptied the heap between requests, so that every
-    request's schedule woke the thread (a thread switch and a GIL hand-off:
-    ~0.3 ms a request in the Flask bench, issue 37)."""
+    request's schedule woke the thread: a thread switch and a GIL hand-off,
+    8 of a Flask request's 26 context switches (issue 37)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
