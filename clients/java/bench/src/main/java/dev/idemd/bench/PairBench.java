@@ -15,10 +15,11 @@ import java.util.List;
 import java.util.UUID;
 
 /**
- * What the SDK itself costs per fresh key, without HTTP: a raw Claim + Complete pair on the
- * client's blocking stubs, and {@code executeOnce} with a handler that does nothing, one at a time
- * against the same idemd as the bench app. The difference between the app's fresh-key time with
- * and without the filter, less these, is the filter's own.
+ * What the SDK itself costs per fresh key, without HTTP: a raw Claim + Complete pair (the client's
+ * raw RPCs, as executeOnce makes them), and {@code executeOnce} with a handler that does nothing,
+ * one at a time against the same idemd as the bench app. The difference between the app's
+ * fresh-key time with and without the filter, less these, is the filter's own, when this runs
+ * where the app runs (README.md: on idemd's core, as middleware.sh places the app).
  *
  * <pre>{@code
  * PairBench --idemd HOST:PORT [--requests N]

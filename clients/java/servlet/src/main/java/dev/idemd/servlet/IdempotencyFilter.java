@@ -192,7 +192,7 @@ public final class IdempotencyFilter implements Filter {
     Compiled(String template, Settings settings) {
       this.template = template;
       this.settings = settings;
-      String[] parts = template.replaceFirst("^/+", "").split("/", -1);
+      String[] parts = segments(template);
       boolean rest = false;
       for (int i = 0; i < parts.length; i++) {
         String part = parts[i];
@@ -227,6 +227,18 @@ public final class IdempotencyFilter implements Filter {
     }
   }
 
+  /**
+   * A path's segments, leading slashes dropped. Not {@code replaceFirst("^/+", "")}: that compiles
+   * its pattern on every call, and this runs on every request.
+   */
+  private static String[] segments(String path) {
+    int start = 0;
+    while (start < path.length() && path.charAt(start) == '/') {
+      start++;
+    }
+    return path.substring(start).split("/", -1);
+  }
+
   @Override
   public void doFilter(ServletRequest req, ServletResponse res, FilterChain chain)
       throws IOException, ServletException {
@@ -236,7 +248,7 @@ public final class IdempotencyFilter implements Filter {
     }
     String method = request.getMethod().toUpperCase(Locale.ROOT);
     String path = request.getRequestURI();
-    String[] parts = path.replaceFirst("^/+", "").split("/", -1);
+    String[] parts = segments(path);
     String endpoint = method + " " + path;
     Settings settings = defaults;
     for (Compiled route : routes) {
