@@ -2,6 +2,7 @@ import { readFileSync } from "node:fs";
 import {
   credentials as grpcCredentials,
   Metadata,
+  status as GrpcStatus,
   type CallOptions as GrpcCallOptions,
   type ChannelCredentials,
   type ChannelOptions,
@@ -9,6 +10,7 @@ import {
   type ServiceError,
 } from "@grpc/grpc-js";
 import { RpcError } from "./errors";
+import { Http2Transport, parseTarget } from "./transport";
 import { executeOnce, type ExecuteOnceOptions, type ExecuteResult } from "./executor";
 import {
   ClaimRequest,
@@ -16,17 +18,19 @@ import {
   ExtendLeaseRequest,
   FailRequest,
   IdempotencyClient as GeneratedIdempotencyClient,
+  IdempotencyService,
   ListPendingRequest,
   LookupRequest,
   ReconcileRequest,
-  type ClaimResponse,
-  type CompleteResponse,
+  ClaimResponse,
+  CompleteResponse,
+  ExtendLeaseResponse,
+  FailResponse,
+  ListPendingResponse,
+  LookupResponse,
+  ReconcileResponse,
   type DeepPartial,
-  type ExtendLeaseResponse,
-  type FailResponse,
-  type ListPendingResponse,
-  type LookupResponse,
-  type ReconcileResponse,
+  type MessageFns,
 } from "./gen/idemd/v1/idempotency";
 import type { CallOptions, ExecutorClient } from "./types";
 
@@ -69,8 +73,19 @@ export interface IdemdClientOptions {
   tls?: boolean | TlsOptions;
   /** Default deadline of every call, in milliseconds (default 10 000). */
   deadlineMs?: number;
-  /** Extra grpc-js channel options. */
+  /**
+   * Extra grpc-js channel options. Setting them makes `"grpc-js"` the default `transport`, so
+   * that they apply to the RPCs too.
+   */
   channelOptions?: ChannelOptions;
+  /**
+   * What carries the RPCs. `"http2"` (the default): the SDK's own unary gRPC transport, one
+   * `node:http2` session per client, about half the CPU of a grpc-js call and the fastest path
+   * for the executor and the middleware. `"grpc-js"`: the grpc-js channel of {@link IdemdClient.raw}
+   * (its channel options, name resolvers and proxy support); also the default when
+   * `channelOptions` are set or the address is not `host:port` / `dns:///host:port`.
+   */
+  transport?: "http2" | "grpc-js";
 }
 
 const DEFAULT_DEADLINE_MS = 10_000;
@@ -87,6 +102,8 @@ export class IdemdClient implements ExecutorClient {
   readonly deadlineMs: number;
   private readonly token: string | undefined;
   private readonly tenantId: string | undefined;
+  /** The http2 transport, or undefined when the RPCs go through grpc-js. */
+  private readonly http2: Http2Transport | undefined;
 
   constructor(options: IdemdClientOptions) {
     if (!options.address) throw new TypeError("IdemdClient: address is required");
@@ -99,48 +116,78 @@ export class IdemdClient implements ExecutorClient {
       channelOptions["grpc.ssl_target_name_override"] = tls.serverNameOverride;
       channelOptions["grpc.default_authority"] = tls.serverNameOverride;
     }
-    this.raw = new GeneratedIdempotencyClient(options.address, channelCredentials(tls), channelOptions);
+    const pems = tlsPems(tls);
+    // grpc-js connects on its first call only, so an unused `raw` costs no connection.
+    this.raw = new GeneratedIdempotencyClient(options.address, channelCredentials(tls, pems), channelOptions);
+    const transport = options.transport ?? (options.channelOptions === undefined ? "http2" : "grpc-js");
+    const target = parseTarget(options.address);
+    if (transport === "http2" && target !== undefined) {
+      const headers: Record<string, string> = {
+        "content-type": "application/grpc",
+        te: "trailers",
+        "user-agent": USER_AGENT,
+      };
+      if (this.token !== undefined) headers.authorization = `Bearer ${this.token}`;
+      if (this.tenantId !== undefined) headers["x-tenant-id"] = this.tenantId;
+      this.http2 = new Http2Transport({
+        target,
+        tls: tls === false ? undefined : {
+          ...(pems?.ca ? { ca: pems.ca } : {}),
+          ...(pems?.cert && pems.key ? { cert: pems.cert, key: pems.key } : {}),
+        },
+        serverNameOverride: typeof tls === "object" ? tls.serverNameOverride : undefined,
+      }, headers);
+    } else if (options.transport === "http2") {
+      throw new TypeError(`IdemdClient: the http2 transport dials host:port or dns:///host:port, not ${options.address}`);
+    }
   }
 
   /** Claims a key for one execution, or reports what happened to an earlier claim. */
   claim(request: DeepPartial<ClaimRequest>, options?: CallOptions): Promise<ClaimResponse> {
     const message = ClaimRequest.fromPartial(request);
+    if (this.http2) return this.call(IdempotencyService.claim.path, ClaimRequest, ClaimResponse, message, options);
     return this.unary(options, (md, co, cb) => this.raw.claim(message, md, co, cb));
   }
 
   /** Stores the response of a claimed execution (fenced by the lease token). */
   complete(request: DeepPartial<CompleteRequest>, options?: CallOptions): Promise<CompleteResponse> {
     const message = CompleteRequest.fromPartial(request);
+    if (this.http2) return this.call(IdempotencyService.complete.path, CompleteRequest, CompleteResponse, message, options);
     return this.unary(options, (md, co, cb) => this.raw.complete(message, md, co, cb));
   }
 
   /** Ends a claimed execution without a response: RELEASE, UNKNOWN or FAILED. */
   fail(request: DeepPartial<FailRequest>, options?: CallOptions): Promise<FailResponse> {
     const message = FailRequest.fromPartial(request);
+    if (this.http2) return this.call(IdempotencyService.fail.path, FailRequest, FailResponse, message, options);
     return this.unary(options, (md, co, cb) => this.raw.fail(message, md, co, cb));
   }
 
   /** Pushes the lease of a long-running execution out. */
   extendLease(request: DeepPartial<ExtendLeaseRequest>, options?: CallOptions): Promise<ExtendLeaseResponse> {
     const message = ExtendLeaseRequest.fromPartial(request);
+    if (this.http2) return this.call(IdempotencyService.extendLease.path, ExtendLeaseRequest, ExtendLeaseResponse, message, options);
     return this.unary(options, (md, co, cb) => this.raw.extendLease(message, md, co, cb));
   }
 
   /** Reads one record (`NOT_FOUND` when absent or expired). */
   lookup(request: DeepPartial<LookupRequest>, options?: CallOptions): Promise<LookupResponse> {
     const message = LookupRequest.fromPartial(request);
+    if (this.http2) return this.call(IdempotencyService.lookup.path, LookupRequest, LookupResponse, message, options);
     return this.unary(options, (md, co, cb) => this.raw.lookup(message, md, co, cb));
   }
 
   /** Lists the records that need a decision (expired leases, UNKNOWN, FAILED). */
   listPending(request: DeepPartial<ListPendingRequest> = {}, options?: CallOptions): Promise<ListPendingResponse> {
     const message = ListPendingRequest.fromPartial(request);
+    if (this.http2) return this.call(IdempotencyService.listPending.path, ListPendingRequest, ListPendingResponse, message, options);
     return this.unary(options, (md, co, cb) => this.raw.listPending(message, md, co, cb));
   }
 
   /** Decides a pending record: committed, released, failed or taken over. */
   reconcile(request: DeepPartial<ReconcileRequest>, options?: CallOptions): Promise<ReconcileResponse> {
     const message = ReconcileRequest.fromPartial(request);
+    if (this.http2) return this.call(IdempotencyService.reconcile.path, ReconcileRequest, ReconcileResponse, message, options);
     return this.unary(options, (md, co, cb) => this.raw.reconcile(message, md, co, cb));
   }
 
@@ -153,9 +200,34 @@ export class IdemdClient implements ExecutorClient {
     return executeOnce(this, options);
   }
 
-  /** Closes the channel. Calls in flight fail with `CANCELLED`/`UNAVAILABLE`. */
+  /** Closes the connection. Calls in flight fail with `CANCELLED`/`UNAVAILABLE`. */
   close(): void {
+    this.http2?.close();
     this.raw.close();
+  }
+
+  /** One RPC over the http2 transport, with the same errors and options as over grpc-js. */
+  private async call<Req, Res>(
+    path: string,
+    requestType: MessageFns<Req>,
+    responseType: MessageFns<Res>,
+    message: Req,
+    options: CallOptions | undefined,
+  ): Promise<Res> {
+    const signal = options?.signal;
+    if (signal?.aborted) throw signal.reason ?? new Error("aborted");
+    const bytes = await this.http2!.unary({
+      path,
+      body: requestType.encode(message).finish(),
+      deadlineMs: options?.deadlineMs ?? this.deadlineMs,
+      signal,
+      metadata: options?.metadata,
+    });
+    try {
+      return responseType.decode(bytes);
+    } catch (err) {
+      throw new RpcError(GrpcStatus.INTERNAL, `Response message parsing error: ${err instanceof Error ? err.message : String(err)}`, new Metadata(), { cause: err });
+    }
   }
 
   private callMetadata(extra?: Metadata): Metadata {
@@ -191,9 +263,15 @@ export class IdemdClient implements ExecutorClient {
   }
 }
 
-function channelCredentials(tls: boolean | TlsOptions): ChannelCredentials {
-  if (tls === false) return grpcCredentials.createInsecure();
-  if (tls === true) return grpcCredentials.createSsl();
+interface Pems {
+  ca: Buffer | null;
+  cert: Buffer | null;
+  key: Buffer | null;
+}
+
+/** The PEMs of a `tls` object, read once (undefined for `true` / `false`). */
+function tlsPems(tls: boolean | TlsOptions): Pems | undefined {
+  if (typeof tls !== "object") return undefined;
   const ca = pem(tls.ca, tls.caFile);
   const cert = pem(tls.cert, tls.certFile);
   const key = pem(tls.key, tls.keyFile);
@@ -204,7 +282,13 @@ function channelCredentials(tls: boolean | TlsOptions): ChannelCredentials {
       "IdemdClient: tls client certificate and key go together: set cert/certFile and key/keyFile, or neither",
     );
   }
-  return grpcCredentials.createSsl(ca, key, cert);
+  return { ca, cert, key };
+}
+
+function channelCredentials(tls: boolean | TlsOptions, pems: Pems | undefined): ChannelCredentials {
+  if (tls === false) return grpcCredentials.createInsecure();
+  if (pems === undefined) return grpcCredentials.createSsl();
+  return grpcCredentials.createSsl(pems.ca, pems.key, pems.cert);
 }
 
 function pem(direct: string | Buffer | undefined, file: string | undefined): Buffer | null {

@@ -29,6 +29,8 @@ export interface StartOptions {
    * Default true: the conformance tokens.
    */
   auth?: boolean;
+  /** `--listen` (default `127.0.0.1:0`): a restart on the address of an earlier server. */
+  listen?: string;
   /** More server arguments, appended after the standard ones (e.g. the TLS test's `--tls-*`). */
   extraArgs?: string[];
 }
@@ -40,7 +42,7 @@ export async function startIdemd(options: StartOptions = {}): Promise<IdemdServe
   }
   const dataDir = mkdtempSync(path.join(tmpdir(), "idemd-ts-"));
   const args = [
-    "--listen", "127.0.0.1:0",
+    "--listen", options.listen ?? "127.0.0.1:0",
     "--data-dir", dataDir,
     "--config", path.join(conformanceDir, "idemd.toml"),
     ...(options.auth === false ? [] : ["--auth-tokens", path.join(conformanceDir, "tokens.txt")]),

@@ -1,0 +1,249 @@
+/**
+ * The client's own http2 transport (src/transport.ts): what it must do that grpc-js did for it.
+ * Protocol edge cases against a scripted `node:http2` server (trailers-only errors with a
+ * percent-encoded message and binary details, HTTP errors, resets, a server that never answers,
+ * one session for many calls); deadlines, cancellation and a restart against the real idemd.
+ */
+import assert from "node:assert/strict";
+import { randomUUID } from "node:crypto";
+import * as http2 from "node:http2";
+import type { AddressInfo } from "node:net";
+import { after, before, describe, test } from "node:test";
+import { Metadata } from "@grpc/grpc-js";
+import { GrpcStatus, IdemdClient, RpcError, v1 } from "../src";
+import { startIdemd, type IdemdServer } from "./support/idemd";
+import { ENDPOINT, PAYMENT } from "./support/payment";
+
+/** A google.rpc.Status with one ErrorInfo{reason, domain "idemd"} in its details. */
+function statusDetails(reason: string): Buffer {
+  const ld = (field: number, bytes: Buffer): Buffer => Buffer.concat([Buffer.from([(field << 3) | 2, bytes.length]), bytes]);
+  const info = Buffer.concat([ld(1, Buffer.from(reason)), ld(2, Buffer.from("idemd"))]);
+  const any = Buffer.concat([ld(1, Buffer.from("type.googleapis.com/google.rpc.ErrorInfo")), ld(2, info)]);
+  return Buffer.concat([Buffer.from([0x08, 9]), ld(3, any)]);
+}
+
+type Script = (stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders, body: Buffer) => void;
+
+/** An h2c server that answers every call with `script`; counts sessions and keeps the requests. */
+async function scriptedServer(script: Script) {
+  const requests: Array<{ headers: http2.IncomingHttpHeaders; body: Buffer }> = [];
+  const sessions: http2.ServerHttp2Session[] = [];
+  const server = http2.createServer();
+  server.on("session", (session) => sessions.push(session));
+  server.on("stream", (stream, headers) => {
+    const chunks: Buffer[] = [];
+    stream.on("data", (c: Buffer) => chunks.push(c));
+    stream.on("end", () => {
+      const body = Buffer.concat(chunks);
+      requests.push({ headers, body });
+      script(stream, headers, body);
+    });
+    stream.on("error", () => {});
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const port = (server.address() as AddressInfo).port;
+  return {
+    address: `127.0.0.1:${port}`,
+    requests,
+    sessions: () => sessions.length,
+    close: () => new Promise<void>((resolve) => {
+      server.close(() => resolve());
+      // Sessions left open by clients would keep close() waiting.
+      for (const s of sessions) s.destroy();
+    }),
+  };
+}
+
+function rejectsWith(code: GrpcStatus, check?: (err: RpcError) => void) {
+  return (err: unknown): boolean => {
+    assert.ok(err instanceof RpcError, `an RpcError, got ${String(err)}`);
+    assert.equal(err.codeName, GrpcStatus[code]);
+    check?.(err);
+    return true;
+  };
+}
+
+describe("http2 transport against a scripted server", () => {
+  const clients: IdemdClient[] = [];
+  const client = (address: string, options: Partial<ConstructorParameters<typeof IdemdClient>[0]> = {}): IdemdClient => {
+    const c = new IdemdClient({ address, tls: false, token: "t0k", tenantId: "acme", ...options });
+    clients.push(c);
+    return c;
+  };
+  after(() => clients.forEach((c) => c.close()));
+
+  test("a trailers-only error: code, percent-decoded message, ErrorInfo from grpc-status-details-bin", async () => {
+    const server = await scriptedServer((stream) => {
+      stream.respond({
+        ":status": 200,
+        "content-type": "application/grpc",
+        "grpc-status": "9",
+        "grpc-message": "lease lost: caf%C3%A9 100%25",
+        "grpc-status-details-bin": statusDetails("LEASE_LOST").toString("base64"),
+      }, { endStream: true });
+    });
+    try {
+      await assert.rejects(client(server.address).lookup({ endpoint: ENDPOINT, key: "k" }),
+        rejectsWith(GrpcStatus.FAILED_PRECONDITION, (err) => {
+          assert.equal(err.details, "lease lost: café 100%");
+          assert.equal(err.reason, "LEASE_LOST");
+          assert.equal(err.domain, "idemd");
+          assert.deepEqual(err.metadata.get("grpc-status"), [], "the status is not left in the metadata");
+        }));
+    } finally {
+      await server.close();
+    }
+  });
+
+  test("the request is gRPC: path, headers, grpc-timeout from the deadline, a length-prefixed message", async () => {
+    const response = v1.LookupResponse.encode(v1.LookupResponse.fromPartial({ record: { key: "k", state: v1.State.STATE_COMPLETED } })).finish();
+    const server = await scriptedServer((stream) => {
+      stream.respond({ ":status": 200, "content-type": "application/grpc" }, { waitForTrailers: true });
+      const frame = Buffer.alloc(5 + response.length);
+      frame.writeUInt32BE(response.length, 1);
+      frame.set(response, 5);
+      stream.on("wantTrailers", () => stream.sendTrailers({ "grpc-status": "0" }));
+      stream.end(frame);
+    });
+    try {
+      const metadata = new Metadata();
+      metadata.set("x-extra", "yes");
+      const answer = await client(server.address).lookup({ endpoint: ENDPOINT, key: "k" }, { deadlineMs: 1500, metadata });
+      assert.equal(answer.record?.state, v1.State.STATE_COMPLETED);
+      const { headers, body } = server.requests[0]!;
+      assert.equal(headers[":method"], "POST");
+      assert.equal(headers[":path"], "/idemd.v1.Idempotency/Lookup");
+      assert.equal(headers["content-type"], "application/grpc");
+      assert.equal(headers.te, "trailers");
+      assert.equal(headers.authorization, "Bearer t0k");
+      assert.equal(headers["x-tenant-id"], "acme");
+      assert.equal(headers["x-extra"], "yes");
+      const timeout = /^(\d+)m$/.exec(String(headers["grpc-timeout"]));
+      assert.ok(timeout && Number(timeout[1]) > 1000 && Number(timeout[1]) <= 1500, `grpc-timeout ${headers["grpc-timeout"]}`);
+      assert.equal(body[0], 0, "not compressed");
+      assert.equal(body.readUInt32BE(1), body.length - 5);
+      assert.deepEqual(v1.LookupRequest.decode(body.subarray(5)), v1.LookupRequest.fromPartial({ endpoint: ENDPOINT, key: "k" }));
+    } finally {
+      await server.close();
+    }
+  });
+
+  test("HTTP errors and resets map to grpc-js's codes", async () => {
+    let answer: (stream: http2.ServerHttp2Stream) => void = () => {};
+    const server = await scriptedServer((stream) => answer(stream));
+    try {
+      const c = client(server.address);
+      answer = (s) => s.respond({ ":status": 503 }, { endStream: true });
+      await assert.rejects(c.lookup({ key: "k" }), rejectsWith(GrpcStatus.UNAVAILABLE, (e) => assert.match(e.details, /HTTP status code 503/)));
+      answer = (s) => s.close(http2.constants.NGHTTP2_REFUSED_STREAM);
+      await assert.rejects(c.lookup({ key: "k" }), rejectsWith(GrpcStatus.UNAVAILABLE));
+      answer = (s) => s.close(http2.constants.NGHTTP2_ENHANCE_YOUR_CALM);
+      await assert.rejects(c.lookup({ key: "k" }), rejectsWith(GrpcStatus.RESOURCE_EXHAUSTED));
+      answer = (s) => s.respond({ ":status": 200, "content-type": "application/grpc", "grpc-status": "0" }, { endStream: true });
+      await assert.rejects(c.lookup({ key: "k" }), rejectsWith(GrpcStatus.UNIMPLEMENTED, (e) => assert.equal(e.details, "No message received")));
+    } finally {
+      await server.close();
+    }
+  });
+
+  test("a server that never answers: DEADLINE_EXCEEDED at the deadline, the stream reset", async () => {
+    const streams: http2.ServerHttp2Stream[] = [];
+    const server = await scriptedServer((stream) => streams.push(stream));
+    try {
+      const started = Date.now();
+      await assert.rejects(client(server.address).lookup({ key: "k" }, { deadlineMs: 300 }), rejectsWith(GrpcStatus.DEADLINE_EXCEEDED));
+      const took = Date.now() - started;
+      assert.ok(took >= 290 && took < 3000, `rejected after ${took} ms`);
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      assert.equal(streams[0]?.rstCode, http2.constants.NGHTTP2_CANCEL, "the server saw the call cancelled");
+    } finally {
+      await server.close();
+    }
+  });
+
+  test("an aborted call fails with CANCELLED; an already aborted signal rejects with its reason", async () => {
+    const server = await scriptedServer(() => {});
+    try {
+      const c = client(server.address);
+      const controller = new AbortController();
+      const call = c.lookup({ key: "k" }, { signal: controller.signal });
+      setTimeout(() => controller.abort(), 50);
+      await assert.rejects(call, rejectsWith(GrpcStatus.CANCELLED));
+      const reason = new Error("gone");
+      await assert.rejects(c.lookup({ key: "k" }, { signal: AbortSignal.abort(reason) }), (err) => err === reason);
+    } finally {
+      await server.close();
+    }
+  });
+
+  test("one session carries every call of a client, concurrent or not", async () => {
+    const server = await scriptedServer((stream) => stream.respond({ ":status": 200, "grpc-status": "5" }, { endStream: true }));
+    try {
+      const c = client(server.address);
+      for (let i = 0; i < 5; i++) await assert.rejects(c.lookup({ key: `k${i}` }), rejectsWith(GrpcStatus.NOT_FOUND));
+      await Promise.all(Array.from({ length: 20 }, (_, i) =>
+        assert.rejects(c.lookup({ key: `c${i}` }), rejectsWith(GrpcStatus.NOT_FOUND))));
+      assert.equal(server.requests.length, 25);
+      assert.equal(server.sessions(), 1);
+    } finally {
+      await server.close();
+    }
+  });
+
+  test("an address it cannot dial is refused for transport http2, and served by grpc-js by default", () => {
+    assert.throws(() => new IdemdClient({ address: "unix:/tmp/idemd.sock", tls: false, transport: "http2" }), TypeError);
+    new IdemdClient({ address: "unix:/tmp/idemd.sock", tls: false }).close();
+  });
+});
+
+describe("http2 transport against a live idemd", () => {
+  let server: IdemdServer;
+  before(async () => {
+    server = await startIdemd({ auth: false });
+  });
+  after(async () => {
+    await server?.stop();
+  });
+
+  test("idemd stopped and started again on the same address: calls fail fast meanwhile, then the client reconnects", async () => {
+    const client = new IdemdClient({ address: server.address, tenantId: "acme", tls: false, deadlineMs: 5_000 });
+    try {
+      const key = randomUUID();
+      await assert.rejects(client.lookup({ endpoint: ENDPOINT, key }), rejectsWith(GrpcStatus.NOT_FOUND));
+      await server.stop();
+      const started = Date.now();
+      await assert.rejects(client.lookup({ endpoint: ENDPOINT, key }), rejectsWith(GrpcStatus.UNAVAILABLE));
+      assert.ok(Date.now() - started < 2_000, "a call with no server fails at once, not at its deadline");
+      server = await startIdemd({ auth: false, listen: server.address });
+      // The first call after the restart is answered by the new server: no retry, no error.
+      await assert.rejects(client.lookup({ endpoint: ENDPOINT, key }), rejectsWith(GrpcStatus.NOT_FOUND));
+      const result = await client.executeOnce({ endpoint: ENDPOINT, key, request: PAYMENT, handler: () => ({ status: 201 }) });
+      assert.equal(result.replayed, false);
+    } finally {
+      client.close();
+    }
+  });
+
+  test("a Claim that waits past its deadline ends by the deadline, not by the server-side wait", async () => {
+    const client = new IdemdClient({ address: server.address, tenantId: "acme", tls: false });
+    try {
+      const key = randomUUID();
+      const first = await client.claim({ endpoint: ENDPOINT, key, attemptId: "a1", request: { method: "POST", path: "/p", body: Buffer.from("{}") } });
+      assert.ok(first.claimed, "the first claim holds the key");
+      const started = Date.now();
+      await assert.rejects(
+        client.claim(
+          { endpoint: ENDPOINT, key, attemptId: "a2", request: { method: "POST", path: "/p", body: Buffer.from("{}") }, wait: { seconds: 10, nanos: 0 } },
+          { deadlineMs: 300 },
+        ),
+        // idemd (tonic) ends a call whose grpc-timeout fired with CANCELLED "Timeout expired"
+        // when its timer beats the client's.
+        (err) => err instanceof RpcError && (err.code === GrpcStatus.DEADLINE_EXCEEDED || err.code === GrpcStatus.CANCELLED),
+      );
+      const took = Date.now() - started;
+      assert.ok(took >= 250 && took < 3_000, `ended after ${took} ms`);
+    } finally {
+      client.close();
+    }
+  });
+});
