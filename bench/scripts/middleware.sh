@@ -29,7 +29,7 @@ DURATION=${DURATION:-10s}
 WARMUP=${WARMUP:-3s}
 # The JVM compiles its hot paths over the first ~30,000 requests
 # (clients/java/bench/README.md): a Java app gets a longer warm-up.
-JAVA_WARMUP=${JAVA_WARMUP:-15s}
+JAVA_WARMUP=${JAVA_WARMUP:-30s}
 FRAMEWORKS=${FRAMEWORKS:-"fastapi flask express fastify web nethttp spring jetty"}
 out_dir=${OUT_DIR:-$root/bench/results}
 # Cores: idemd, the app, wrk.
