@@ -11,6 +11,23 @@ use super::*;
 use crate::clock::ManualClock;
 use crate::store::memory::MemoryStore;
 
+/// What `engine` answers to a Claim of `key` (body `{}`).
+async fn outcome(engine: &Engine, key: &str) -> ClaimOutcome {
+    engine
+        .claim(TENANT, input(PAY, key, "{}"))
+        .await
+        .expect("claim")
+        .outcome
+}
+
+/// The lease `engine` grants for `key`; panics on any other answer.
+async fn claimed(engine: &Engine, key: &str) -> Lease {
+    match outcome(engine, key).await {
+        ClaimOutcome::Claimed(lease) => lease,
+        other => panic!("{key}: expected a grant, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn without_a_read_before_insert_the_insert_answers_for_an_existing_key() {
     let clock = ManualClock::new(1_800_000_000_000);
@@ -19,23 +36,12 @@ async fn without_a_read_before_insert_the_insert_answers_for_an_existing_key() {
         replica(store.clone(), &clock, 1024 * 1024),
         replica(store.clone(), &clock, 0),
     );
-    let ClaimOutcome::Claimed(lease) = first
-        .claim(TENANT, input(PAY, "k", "{}"))
-        .await
-        .expect("claim")
-        .outcome
-    else {
-        panic!("a fresh key is claimed");
-    };
+    let lease = claimed(&first, "k").await;
     assert_eq!(store.reads(), 0, "a fresh key costs no read");
     // Another replica, nothing cached or seen: the insert reports the
     // in-flight claim.
     assert!(matches!(
-        other
-            .claim(TENANT, input(PAY, "k", "{}"))
-            .await
-            .expect("claim")
-            .outcome,
+        outcome(&other, "k").await,
         ClaimOutcome::InProgress { .. }
     ));
     assert_eq!(store.reads(), 0, "the insert answered for the existing key");
@@ -43,12 +49,7 @@ async fn without_a_read_before_insert_the_insert_answers_for_an_existing_key() {
         .complete(TENANT, PAY, "k", &lease.lease_token, response("ok"))
         .await
         .expect("complete");
-    match other
-        .claim(TENANT, input(PAY, "k", "{}"))
-        .await
-        .expect("claim")
-        .outcome
-    {
+    match outcome(&other, "k").await {
         ClaimOutcome::Replayed { response: r, .. } => assert_eq!(r, response("ok")),
         outcome => panic!("expected a replay, got {outcome:?}"),
     }
@@ -80,22 +81,11 @@ async fn duplicates_of_an_in_flight_key_read_instead_of_inserting_again() {
         replica(store.clone(), &clock, 0),
         replica(store.clone(), &clock, 0),
     );
-    let ClaimOutcome::Claimed(lease) = holder
-        .claim(TENANT, input(PAY, "k", "{}"))
-        .await
-        .expect("claim")
-        .outcome
-    else {
-        panic!("a fresh key is claimed");
-    };
+    let lease = claimed(&holder, "k").await;
     for engine in [&holder, &other] {
         for _ in 0..10 {
             assert!(matches!(
-                engine
-                    .claim(TENANT, input(PAY, "k", "{}"))
-                    .await
-                    .expect("claim")
-                    .outcome,
+                outcome(engine, "k").await,
                 ClaimOutcome::InProgress { .. }
             ));
         }
@@ -126,19 +116,9 @@ async fn duplicates_of_an_in_flight_key_read_instead_of_inserting_again() {
     assert_eq!(store.inserts(), 2, "the waiting duplicate made no insert");
     // A key seen in flight and released since is created by the next
     // Claim: the read finds nothing, the insert goes ahead.
-    let lease = match holder.claim(TENANT, input(PAY, "released", "{}")).await {
-        Ok(ClaimResult {
-            outcome: ClaimOutcome::Claimed(lease),
-            ..
-        }) => lease,
-        other => panic!("a fresh key is claimed, got {other:?}"),
-    };
+    let lease = claimed(&holder, "released").await;
     assert!(matches!(
-        other
-            .claim(TENANT, input(PAY, "released", "{}"))
-            .await
-            .expect("claim")
-            .outcome,
+        outcome(&other, "released").await,
         ClaimOutcome::InProgress { .. }
     ));
     holder
@@ -153,12 +133,6 @@ async fn duplicates_of_an_in_flight_key_read_instead_of_inserting_again() {
         .await
         .expect("release");
     let reads = store.reads();
-    match other.claim(TENANT, input(PAY, "released", "{}")).await {
-        Ok(ClaimResult {
-            outcome: ClaimOutcome::Claimed(_),
-            ..
-        }) => {}
-        other => panic!("a released key is claimed again, got {other:?}"),
-    }
+    claimed(&other, "released").await;
     assert_eq!(store.reads(), reads + 1, "one read found the key gone");
 }

@@ -106,6 +106,24 @@ async fn counting_server() -> (TestServer, Arc<AtomicU64>, Arc<AtomicU64>) {
     (server, gets, inserts)
 }
 
+/// A Complete of `key` by `tenant` with `lease_token`, storing `body`.
+fn complete(
+    tenant: &str,
+    key: &str,
+    lease_token: &str,
+    body: &str,
+) -> tonic::Request<pb::CompleteRequest> {
+    as_tenant(
+        tenant,
+        pb::CompleteRequest {
+            endpoint: PAYMENTS.into(),
+            key: key.into(),
+            lease_token: lease_token.into(),
+            response: Some(sample_response(body)),
+        },
+    )
+}
+
 /// Fresh pairs read nothing; a forged lease token is read and refused.
 /// Fails if the CQL store asks for a read before its insert
 /// (`read_before_insert`) or the engine reads before the holder's update
@@ -115,17 +133,6 @@ async fn a_fresh_pair_reads_nothing_and_a_forged_token_is_still_refused() {
     let (mut server, gets, _) = counting_server().await;
     let tenant = "round-trips";
     let run = std::process::id();
-    let complete = |key: &str, lease_token: &str, body: &str| {
-        as_tenant(
-            tenant,
-            pb::CompleteRequest {
-                endpoint: PAYMENTS.into(),
-                key: key.into(),
-                lease_token: lease_token.into(),
-                response: Some(sample_response(body)),
-            },
-        )
-    };
     for i in 0..20 {
         let key = format!("fresh-{run}-{i}");
         let answer = server
@@ -137,7 +144,7 @@ async fn a_fresh_pair_reads_nothing_and_a_forged_token_is_still_refused() {
         let lease = claimed(&answer);
         server
             .client
-            .complete(complete(&key, &lease.lease_token, "ok"))
+            .complete(complete(tenant, &key, &lease.lease_token, "ok"))
             .await
             .expect("complete");
     }
@@ -157,7 +164,7 @@ async fn a_fresh_pair_reads_nothing_and_a_forged_token_is_still_refused() {
     let _held = claimed(&answer);
     let refused = server
         .client
-        .complete(complete(&key, "not-the-granted-token", "forged"))
+        .complete(complete(tenant, &key, "not-the-granted-token", "forged"))
         .await
         .expect_err("a forged token must be refused");
     assert_eq!(
@@ -209,15 +216,7 @@ async fn duplicates_of_an_in_flight_key_cost_reads_not_lwts() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     server
         .client
-        .complete(as_tenant(
-            tenant,
-            pb::CompleteRequest {
-                endpoint: PAYMENTS.into(),
-                key: key.clone(),
-                lease_token: lease.lease_token.clone(),
-                response: Some(sample_response("ok")),
-            },
-        ))
+        .complete(complete(tenant, &key, &lease.lease_token, "ok"))
         .await
         .expect("the holder's Complete");
     let waited = waited
