@@ -1,5 +1,5 @@
-//! `idemd-bench peers`: idemd beside its closest peer, svix/diom (Rust, fjall
-//! + Raft; an idempotency API over HTTP/JSON), in the same run, with the
+//! `idemd-bench peers`: idemd beside its closest peer, svix/diom (Rust, fjall and
+//! Raft; an idempotency API over HTTP/JSON), in the same run, with the
 //! same client.
 //!
 //! Both servers run on core 0 for the whole run (their stores grow alike),

@@ -119,13 +119,19 @@ fn spawn_idemd(command: &mut Command, log: std::fs::File, bin: &Path) -> Result<
 /// Pins this process (and so every thread it starts later) to core 1.
 /// Call before the runtime starts.
 pub fn pin_self() -> Result<()> {
+    set_affinity(std::process::id(), "1")
+}
+
+/// Moves every thread of `pid` (and the threads it starts later) onto
+/// `cores` (a `taskset` list such as `0` or `0-1`).
+pub fn set_affinity(pid: u32, cores: &str) -> Result<()> {
     let status = std::process::Command::new("taskset")
-        .args(["-p", "-c", "1", &std::process::id().to_string()])
+        .args(["-a", "-p", "-c", cores, &pid.to_string()])
         .stdout(Stdio::null())
         .status()
         .context("running taskset (util-linux)")?;
     if !status.success() {
-        bail!("taskset -p -c 1 failed: {status}");
+        bail!("taskset -a -p -c {cores} {pid} failed: {status}");
     }
     Ok(())
 }

@@ -96,7 +96,7 @@ pub async fn compare(args: CompareArgs) -> Result<bool> {
         (
             "placement".to_string(),
             if common.pin {
-                "servers pinned to core 0 (taskset), the bench client to core 1; the CQL systems (Cassandra, idemd-cql) unpinned".to_string()
+                "servers pinned to core 0 (taskset), the bench client to core 1; while a CQL system is measured, Cassandra alone on core 1 and the bench (and idemd-cql) on core 0, as a deployment gives the database cores of its own".to_string()
             } else {
                 "unpinned".to_string()
             },

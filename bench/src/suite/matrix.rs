@@ -11,6 +11,7 @@ use anyhow::Result;
 
 use super::lineup::Running;
 use super::options::{CompareArgs, SystemKind};
+use super::placement::StoreApart;
 use crate::clients::{self, ClientsReport};
 use crate::load::{self, Workload};
 use crate::report::Measurement;
@@ -91,7 +92,16 @@ pub(super) async fn measure_all(
                 }
                 settle(format!("{} {}", system.kind.name(), workload.name())).await;
                 let spec = system.spec(common, workload);
-                let result = load::run(Arc::clone(&system.client), &spec).await?;
+                let apart = if common.pin && system.kind.needs_cql() {
+                    Some(StoreApart::enter(
+                        system.server.as_ref().and_then(|s| s.pid()),
+                    )?)
+                } else {
+                    None
+                };
+                let result = load::run(Arc::clone(&system.client), &spec).await;
+                drop(apart);
+                let result = result?;
                 let m = Measurement::new(
                     system.kind.name(),
                     workload,

@@ -12,6 +12,7 @@ mod environment;
 mod lineup;
 mod matrix;
 mod options;
+mod placement;
 mod run;
 mod soak;
 

@@ -58,9 +58,9 @@ impl SystemKind {
         self != SystemKind::Noop
     }
 
-    /// Whether the CPU pinning applies: the CQL systems share the machine
-    /// with a Cassandra JVM that needs both cores, so neither the raw driver
-    /// nor idemd-cql is pinned (the comparison between them stays fair).
+    /// Whether the server starts pinned to core 0. The CQL systems start
+    /// unpinned and are placed around each of their measurements instead
+    /// (`placement`: Cassandra alone on core 1).
     pub(super) fn pinnable(self) -> bool {
         !self.needs_cql()
     }
