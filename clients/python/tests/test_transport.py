@@ -166,7 +166,9 @@ def test_rst_stream(kind: str, rst: int, code: grpc.StatusCode) -> None:
 def test_goaway_fails_unprocessed_calls_unavailable_and_the_next_call_reconnects(kind: str) -> None:
     def script(call: Call) -> None:
         if len(call.conn.server.calls) == 1:
-            call.goaway(last_stream_id=0)  # the first call was not processed
+            # The first call was not processed; the connection stays open, as a server
+            # draining its other streams keeps it.
+            call.goaway(last_stream_id=0, close=False)
         else:
             call.reply(FOUND)
 

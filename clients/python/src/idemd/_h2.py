@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import math
+import os
 import select
 import socket
 import ssl
@@ -738,6 +739,7 @@ class SyncTransport:
         self._idle: List[_SyncConnection] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._pid = os.getpid()
 
     def unary(self, path: bytes, message: bytes, timeout: Optional[float]) -> bytes:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -750,6 +752,13 @@ class SyncTransport:
     def _take(self, timeout: Optional[float]) -> _SyncConnection:
         if self._closed:
             raise unavailable("the client was closed")
+        if self._pid != os.getpid():
+            # A forked child (a preloading server's worker) must not read its parent's
+            # connections: the answers would go to whichever process reads first.
+            with self._lock:
+                inherited, self._idle, self._pid = self._idle, [], os.getpid()
+            for conn in inherited:
+                conn.close()
         while True:
             with self._lock:
                 conn = self._idle.pop() if self._idle else None
@@ -901,6 +910,8 @@ class AsyncTransport:
             if not stream.done:  # the deadline passed first
                 h2.cancel(stream)
                 raise deadline_exceeded()
+            if protocol is not self._protocol and not h2.streams and protocol.transport is not None:
+                protocol.transport.close()  # replaced after a GOAWAY: its last call is over
         if stream.error is not None:
             raise stream.error
         return stream.result  # type: ignore[return-value]
