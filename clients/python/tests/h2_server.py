@@ -73,6 +73,8 @@ class _Conn:
         self.encoder = hpack.Encoder()
         self.decoder = hpack.Decoder()
         self.pong = threading.Event()
+        self.settings_acked = threading.Event()
+        self.unreturned: Dict[int, int] = {}  # DATA bytes read and not yet given back, per stream (0: connection)
         # What the client lets this side send (its SETTINGS and WINDOW_UPDATEs).
         self.send_conn_window = 65535
         self.client_initial = 65535
@@ -152,7 +154,9 @@ class _Conn:
                 kind, flags = head[3], head[4]
                 stream_id = struct.unpack(">I", head[5:9])[0] & 0x7FFFFFFF
                 payload = self._read(length)
-                if kind == SETTINGS and not flags & ACK:
+                if kind == SETTINGS and flags & ACK:
+                    self.settings_acked.set()
+                elif kind == SETTINGS:
                     for i in range(0, len(payload), 6):
                         ident, value = struct.unpack_from(">HI", payload, i)
                         if ident == 4:
@@ -191,11 +195,17 @@ class _Conn:
                         server.violations.append(f"DATA on stream {stream_id} beyond the advertised window")
                     self.streams[stream_id]["body"] += payload
                     if server.give_window and length:
-                        # Consumed at once: give it back, as a server reading its streams does.
-                        self.recv_conn_window += length
-                        self.recv_windows[stream_id] += length
-                        self.send(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", length))
-                                  + frame(WINDOW_UPDATE, 0, stream_id, struct.pack(">I", length)))
+                        # Given back only once a whole window was read: a client that sends
+                        # more than the window before this update overruns it.
+                        for sid in (0, stream_id):
+                            self.unreturned[sid] = self.unreturned.get(sid, 0) + length
+                            if self.unreturned[sid] >= server.window:
+                                if sid:
+                                    self.recv_windows[sid] += self.unreturned[sid]
+                                else:
+                                    self.recv_conn_window += self.unreturned[sid]
+                                self.send(frame(WINDOW_UPDATE, 0, sid, struct.pack(">I", self.unreturned[sid])))
+                                self.unreturned[sid] = 0
                     if flags & END_STREAM:
                         state = self.streams.pop(stream_id)
                         body = bytes(state["body"])

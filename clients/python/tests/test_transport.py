@@ -104,6 +104,7 @@ def test_request_headers_and_a_reply(kind: str) -> None:
     timeout = call.header("grpc-timeout")
     assert timeout is not None and timeout.endswith("m") and 4000 < int(timeout[:-1]) <= 5000
     assert pb.LookupRequest.FromString(call.body) == LOOKUP
+    assert server.connections[0].settings_acked.wait(2), "the client did not acknowledge the server's SETTINGS"
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -191,6 +192,41 @@ def test_closed_socket_is_unavailable_then_reconnects(kind: str) -> None:
         first, second = each(kind, server.address, 2)
     assert isinstance(first, idemd.RpcError) and first.code == grpc.StatusCode.UNAVAILABLE
     assert second.record.key == "k1"
+    assert len(server.connections) == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("how", ["close", "goaway"])
+def test_a_connection_the_server_ends_while_idle_is_replaced_without_an_error(kind: str, how: str) -> None:
+    def script(call: Call) -> None:
+        call.reply(FOUND)
+        if len(call.conn.server.calls) == 1:
+            time.sleep(0.05)  # after the client has the answer
+            if how == "close":
+                call.conn.close()
+            else:
+                call.goaway(last_stream_id=call.stream_id, close=False)
+
+    def slow_lookups(client):
+        first = client.lookup(LOOKUP)
+        time.sleep(0.2)
+        return first, client.lookup(LOOKUP)
+
+    async def slow_async_lookups(client):
+        first = await client.lookup(LOOKUP)
+        await asyncio.sleep(0.2)
+        return first, await client.lookup(LOOKUP)
+
+    with H2Server(script) as server:
+        if kind == "sync":
+            with idemd.Client(server.address, insecure=True, timeout=5) as client:
+                results = slow_lookups(client)
+        else:
+            async def main():
+                async with AsyncClient(server.address, insecure=True, timeout=5) as client:
+                    return await slow_async_lookups(client)
+            results = asyncio.run(main())
+    assert [r.record.key for r in results] == ["k1", "k1"]
     assert len(server.connections) == 2
 
 
