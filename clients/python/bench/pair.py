@@ -47,8 +47,9 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--modes", default="sync,aio")
+    parser.add_argument("--transports", default="http2,grpcio")
     args = parser.parse_args()
-    transports = ("http2", "grpcio")
+    transports = tuple(args.transports.split(","))
     results = {}
     modes = args.modes.split(",")
     loop = asyncio.new_event_loop()
