@@ -35,6 +35,14 @@ def to_rpc_error(error: grpc.RpcError, trailing: Optional[Sequence[Tuple[str, ob
     message = error.details() if hasattr(error, "details") else str(error)
     if trailing is None and hasattr(error, "trailing_metadata"):
         trailing = error.trailing_metadata()
+    return status_error(code or grpc.StatusCode.UNKNOWN, message or "", trailing)
+
+
+def status_error(
+    code: grpc.StatusCode, message: str, trailing: Optional[Sequence[Tuple[str, object]]]
+) -> RpcError:
+    """The :class:`RpcError` of a status and its trailing metadata (``-bin`` values as bytes),
+    whichever transport received them."""
     reason = domain = None
     info_metadata = {}
     violations: List[Tuple[str, str]] = []
@@ -57,8 +65,8 @@ def to_rpc_error(error: grpc.RpcError, trailing: Optional[Sequence[Tuple[str, ob
                 detail.Unpack(bad)
                 violations.extend((v.field, v.description) for v in bad.field_violations)
     return RpcError(
-        code or grpc.StatusCode.UNKNOWN,
-        message or "",
+        code,
+        message,
         reason=reason,
         domain=domain,
         metadata=info_metadata,
