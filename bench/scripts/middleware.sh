@@ -28,7 +28,8 @@ root="$(cd "$here/../.." && pwd)"
 DURATION=${DURATION:-10s}
 WARMUP=${WARMUP:-3s}
 # The JVM compiles its hot paths over the first ~30,000 requests
-# (clients/java/bench/README.md): a Java app gets a longer warm-up.
+# (clients/java/bench/README.md): a Java app gets a longer warm-up, then
+# more until its JIT is quiet (settle_jit).
 JAVA_WARMUP=${JAVA_WARMUP:-30s}
 FRAMEWORKS=${FRAMEWORKS:-"fastapi flask express fastify web nethttp spring jetty"}
 out_dir=${OUT_DIR:-$root/bench/results}
@@ -113,6 +114,45 @@ start_app() {
     exit 1
 }
 
+# CPU time, in clock ticks, that JVM $1's JIT compiler threads have used
+# (utime + stime of its "C1 CompilerThre" and "C2 CompilerThre" tasks, the
+# names as Linux truncates them).
+jit_ticks() {
+    local task comm total=0
+    for task in /proc/"$1"/task/*; do
+        comm=$(cat "$task/comm" 2>/dev/null) || continue
+        [[ $comm == C[12]\ CompilerThre* ]] || continue
+        total=$((total + $(sed 's/^.*) //' "$task/stat" | awk '{print $12 + $13}')))
+    done
+    echo "$total"
+}
+jit_ms() {  # $1: ticks before
+    echo $(( ($(jit_ticks "$app_pid") - $1) * 1000 / $(getconf CLK_TCK) ))
+}
+
+# JAVA_WARMUP does not by itself leave a JVM app compiled: its compiler
+# threads share the app's core, and Spring Boot with the filter needs ~17 s
+# of their CPU (Jetty ~11 s; clients/java/bench/README.md), so after 30 s
+# they were still compiling 2.2-2.4 s per 5 s, into the first measured cell.
+# Warm on in 5 s steps until a step compiles for under 250 ms (at most
+# JAVA_SETTLE_STEPS), at 64 in flight, then at 1: one request at a time takes
+# paths (idle pool threads, one connection) that 64 do not, and Spring
+# without the filter, quiet at 64, compiled for 1.7 s of a 5 s 1-in-flight
+# cell.
+settle_jit() {
+    local run=$1 conns step before ms
+    for conns in 64 1; do
+        for step in $(seq 1 "${JAVA_SETTLE_STEPS:-12}"); do
+            before=$(jit_ticks "$app_pid")
+            load "$conns" 5s fresh "$run-settle$conns-$step" >/dev/null
+            ms=$(jit_ms "$before")
+            echo "middleware.sh: $framework JIT settling at $conns in flight, step $step: $ms ms compiling in 5 s" >&2
+            (( ms < 250 )) && break
+        done
+    done
+}
+jit_cells=()
+
 stop_app() {
     kill "$app_pid" 2>/dev/null || true
     wait "$app_pid" 2>/dev/null || true
@@ -159,14 +199,20 @@ for framework in $FRAMEWORKS; do
 
     start_app "$framework" off
     load 64 "$warmup" fresh "$run-warm0" >/dev/null
+    [[ $(sdk_of "$framework") == java ]] && settle_jit "$run-warm0"
+    jit_before=$(jit_ticks "$app_pid")
     without=$(load 1 "$DURATION" fresh "$run-w1")
+    [[ $(sdk_of "$framework") == java ]] && jit_cells+=("$framework without $(jit_ms "$jit_before") ms")
     row "$framework" "without" 1 "$without"
     row "$framework" "without" 64 "$(load 64 "$DURATION" fresh "$run-w64")"
     stop_app
 
     start_app "$framework" on
     load 64 "$warmup" fresh "$run-warm1" >/dev/null
+    [[ $(sdk_of "$framework") == java ]] && settle_jit "$run-warm1"
+    jit_before=$(jit_ticks "$app_pid")
     fresh=$(load 1 "$DURATION" fresh "$run-f1")
+    [[ $(sdk_of "$framework") == java ]] && jit_cells+=("$framework fresh $(jit_ms "$jit_before") ms")
     row "$framework" "fresh key" 1 "$fresh"
     row "$framework" "fresh key" 64 "$(load 64 "$DURATION" fresh "$run-f64")"
     # One request at a time completes the 64 keys the replays use.
@@ -184,6 +230,9 @@ done
 
 echo
 echo "p50 a fresh key adds at 1 in flight: ${added[*]}"
+if [[ ${#jit_cells[@]} -gt 0 ]]; then
+    echo "JIT compiling during the 1-in-flight cells: ${jit_cells[*]}"
+fi
 
 mkdir -p "$out_dir"
 stamp=$(date -u +%Y-%m-%dT%H-%M-%SZ)
@@ -191,12 +240,15 @@ stamp=$(date -u +%Y-%m-%dT%H-%M-%SZ)
     echo "# Middleware load bench $stamp"
     echo
     echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), Linux $(uname -r)."
-    echo "idemd: $("$IDEMD_BIN" --version) (release, embedded store, \`--claim-rate 0 --max-in-flight 0\`); wrk $(wrk -v 2>&1 | head -n 1 | awk '{print $2}'), one thread; ${DURATION} per cell after ${WARMUP} of warm-up at 64 in flight (Java: ${JAVA_WARMUP}); idemd on core $IDEMD_CPU, the app on core $APP_CPU, wrk on core $WRK_CPU."
+    echo "idemd: $("$IDEMD_BIN" --version) (release, embedded store, \`--claim-rate 0 --max-in-flight 0\`); wrk $(wrk -v 2>&1 | head -n 1 | awk '{print $2}'), one thread; ${DURATION} per cell after ${WARMUP} of warm-up at 64 in flight (Java: ${JAVA_WARMUP}, then on in 5 s steps, at 64 and then at 1 in flight, until a step compiles for under 250 ms); idemd on core $IDEMD_CPU, the app on core $APP_CPU, wrk on core $WRK_CPU."
     echo
     echo "| framework | variant | in flight | requests/s | p50 ms | p99 ms | p999 ms | socket errors / non-2xx |"
     echo "|---|---|---|---|---|---|---|---|"
     printf '%s\n' "${rows[@]}"
     echo
     echo "p50 a fresh key adds at 1 in flight: ${added[*]}"
+    if [[ ${#jit_cells[@]} -gt 0 ]]; then
+        echo "JIT compiling during the 1-in-flight cells: ${jit_cells[*]}"
+    fi
 } >"$out_dir/$stamp-middleware.md"
 echo "middleware.sh: wrote bench/results/$stamp-middleware.md"
