@@ -10,6 +10,7 @@ import {
   type ServiceError,
 } from "@grpc/grpc-js";
 import { RpcError } from "./errors";
+import { H2Transport } from "./h2";
 import { Http2Transport, parseTarget } from "./transport";
 import { executeOnce, type ExecuteOnceOptions, type ExecuteResult } from "./executor";
 import {
@@ -85,7 +86,7 @@ export interface IdemdClientOptions {
    * (its channel options, name resolvers and proxy support); also the default when
    * `channelOptions` are set or the address is not `host:port` / `dns:///host:port`.
    */
-  transport?: "http2" | "grpc-js";
+  transport?: "http2" | "node-http2" | "grpc-js";
 }
 
 const DEFAULT_DEADLINE_MS = 10_000;
@@ -103,7 +104,7 @@ export class IdemdClient implements ExecutorClient {
   private readonly token: string | undefined;
   private readonly tenantId: string | undefined;
   /** The http2 transport, or undefined when the RPCs go through grpc-js. */
-  private readonly http2: Http2Transport | undefined;
+  private readonly http2: H2Transport | Http2Transport | undefined;
 
   constructor(options: IdemdClientOptions) {
     if (!options.address) throw new TypeError("IdemdClient: address is required");
@@ -121,7 +122,7 @@ export class IdemdClient implements ExecutorClient {
     this.raw = new GeneratedIdempotencyClient(options.address, channelCredentials(tls, pems), channelOptions);
     const transport = options.transport ?? (options.channelOptions === undefined ? "http2" : "grpc-js");
     const target = parseTarget(options.address);
-    if (transport === "http2" && target !== undefined) {
+    if ((transport === "http2" || transport === "node-http2") && target !== undefined) {
       const headers: Record<string, string> = {
         "content-type": "application/grpc",
         te: "trailers",
@@ -129,7 +130,7 @@ export class IdemdClient implements ExecutorClient {
       };
       if (this.token !== undefined) headers.authorization = `Bearer ${this.token}`;
       if (this.tenantId !== undefined) headers["x-tenant-id"] = this.tenantId;
-      this.http2 = new Http2Transport({
+      this.http2 = new (transport === "http2" ? H2Transport : Http2Transport)({
         target,
         tls: tls === false ? undefined : {
           ...(pems?.ca ? { ca: pems.ca } : {}),
@@ -137,7 +138,7 @@ export class IdemdClient implements ExecutorClient {
         },
         serverNameOverride: typeof tls === "object" ? tls.serverNameOverride : undefined,
       }, headers);
-    } else if (options.transport === "http2") {
+    } else if (options.transport === "http2" || options.transport === "node-http2") {
       throw new TypeError(`IdemdClient: the http2 transport dials host:port or dns:///host:port, not ${options.address}`);
     }
   }

@@ -59,14 +59,17 @@ export interface Http2TransportOptions {
 }
 
 /** grpc-js's default receive limit, kept so that a response it would refuse is refused here too. */
-const MAX_RECEIVE_BYTES = 4 * 1024 * 1024;
+export const MAX_RECEIVE_BYTES = 4 * 1024 * 1024;
 /**
  * Flow-control window of the session and of each stream: a replayed body of a few hundred KiB
  * then arrives in one round trip rather than one per 64 KiB (HTTP/2's default window).
  */
-const WINDOW_BYTES = 4 * 1024 * 1024;
+export const WINDOW_BYTES = 4 * 1024 * 1024;
 /** setTimeout's largest delay; a longer deadline re-arms the timer. */
-const MAX_TIMER_MS = 2 ** 31 - 1;
+export const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/** Response headers or trailers, one string per name (an array when repeated). */
+export type ResponseHeaders = Record<string, string | string[] | undefined>;
 
 /** Per-call inputs, resolved by the client (deadline already defaulted). */
 export interface UnaryCall {
@@ -242,7 +245,7 @@ export class Http2Transport {
 }
 
 /** `grpc-timeout`: at most 8 digits, in the finest unit that fits. */
-function grpcTimeout(ms: number): string {
+export function grpcTimeout(ms: number): string {
   const m = Math.max(1, Math.ceil(ms));
   if (m < 1e8) return `${m}m`;
   const s = Math.ceil(m / 1000);
@@ -251,7 +254,7 @@ function grpcTimeout(ms: number): string {
 }
 
 /** The error of a non-OK status in `headers` (trailers, or a trailers-only response), or undefined. */
-function statusError(headers: http2.IncomingHttpHeaders): RpcError | undefined {
+export function statusError(headers: ResponseHeaders): RpcError | undefined {
   const code = Number(headers["grpc-status"]);
   if (code === GrpcStatus.OK) return undefined;
   const raw = headers["grpc-message"];
@@ -272,10 +275,10 @@ function statusError(headers: http2.IncomingHttpHeaders): RpcError | undefined {
 }
 
 /** The one message of an OK response, or the error grpc-js reports for a missing or odd one. */
-function responseMessage(
+export function responseMessage(
   chunks: Buffer[],
   received: number,
-  trailers: http2.IncomingHttpHeaders,
+  trailers: ResponseHeaders,
 ): [RpcError | undefined, Uint8Array?] {
   const data = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, received);
   const metadata = (): Metadata => {
@@ -296,7 +299,7 @@ function responseMessage(
 }
 
 /** grpc-js's mapping of an HTTP status without a gRPC status. */
-function httpStatusCode(code: number): [GrpcStatus, string] {
+export function httpStatusCode(code: number): [GrpcStatus, string] {
   const details = `Received HTTP status code ${code}`;
   switch (code) {
     case 400: return [GrpcStatus.INTERNAL, details];
@@ -313,28 +316,36 @@ function httpStatusCode(code: number): [GrpcStatus, string] {
  * codes), or lost with its connection (refused, closed, TLS refused), which is `UNAVAILABLE`.
  */
 function resetError(rstCode: number | undefined, cause: Error | undefined, connectionLost: boolean): RpcError {
-  const c = http2.constants;
   const reset = (cause as { code?: string } | undefined)?.code === "ERR_HTTP2_STREAM_ERROR" || cause === undefined;
   if (reset && rstCode !== undefined) {
-    switch (rstCode) {
-      case c.NGHTTP2_NO_ERROR:
-      case c.NGHTTP2_INTERNAL_ERROR:
-        return new RpcError(GrpcStatus.INTERNAL, `Received RST_STREAM with code ${rstCode}`, new Metadata(), { cause });
-      case c.NGHTTP2_REFUSED_STREAM:
-        return new RpcError(GrpcStatus.UNAVAILABLE, "Stream refused by server", new Metadata(), { cause });
-      case c.NGHTTP2_CANCEL:
-        // Node also ends the streams of a dropped connection with CANCEL.
-        if (connectionLost) return new RpcError(GrpcStatus.UNAVAILABLE, "Connection dropped");
-        return new RpcError(GrpcStatus.CANCELLED, "Call cancelled", new Metadata(), { cause });
-      case c.NGHTTP2_ENHANCE_YOUR_CALM:
-        return new RpcError(GrpcStatus.RESOURCE_EXHAUSTED, "Bandwidth exhausted or memory limit exceeded", new Metadata(), { cause });
-      case c.NGHTTP2_INADEQUATE_SECURITY:
-        return new RpcError(GrpcStatus.PERMISSION_DENIED, "Protocol not secure enough", new Metadata(), { cause });
-    }
+    const error = resetCodeError(rstCode, connectionLost, cause);
+    if (error) return error;
   }
   return new RpcError(GrpcStatus.UNAVAILABLE, cause ? errorText(cause) : "Connection dropped", new Metadata(), { cause });
 }
 
-function errorText(err: unknown): string {
+/** grpc-js's mapping of a RST_STREAM code (UNAVAILABLE for a code it does not name). */
+export function resetCodeError(rstCode: number, connectionLost: boolean, cause?: Error): RpcError {
+  const c = http2.constants;
+  switch (rstCode) {
+    case c.NGHTTP2_NO_ERROR:
+    case c.NGHTTP2_INTERNAL_ERROR:
+      return new RpcError(GrpcStatus.INTERNAL, `Received RST_STREAM with code ${rstCode}`, new Metadata(), { cause });
+    case c.NGHTTP2_REFUSED_STREAM:
+      return new RpcError(GrpcStatus.UNAVAILABLE, "Stream refused by server", new Metadata(), { cause });
+    case c.NGHTTP2_CANCEL:
+      // Node also ends the streams of a dropped connection with CANCEL.
+      if (connectionLost) return new RpcError(GrpcStatus.UNAVAILABLE, "Connection dropped");
+      return new RpcError(GrpcStatus.CANCELLED, "Call cancelled", new Metadata(), { cause });
+    case c.NGHTTP2_ENHANCE_YOUR_CALM:
+      return new RpcError(GrpcStatus.RESOURCE_EXHAUSTED, "Bandwidth exhausted or memory limit exceeded", new Metadata(), { cause });
+    case c.NGHTTP2_INADEQUATE_SECURITY:
+      return new RpcError(GrpcStatus.PERMISSION_DENIED, "Protocol not secure enough", new Metadata(), { cause });
+    default:
+      return new RpcError(GrpcStatus.UNAVAILABLE, `Received RST_STREAM with code ${rstCode}`, new Metadata(), { cause });
+  }
+}
+
+export function errorText(err: unknown): string {
   return err instanceof Error ? err.message : String(err);
 }
