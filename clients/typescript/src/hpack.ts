@@ -179,8 +179,11 @@ export class HpackDecoder {
 
 /** The static-table index of a name (its first entry), for the encoder's literal fields. */
 const STATIC_NAME = new Map<string, number>();
-STATIC.forEach(([name], i) => {
+/** The static-table index of a whole field (name and a non-empty value), by `name\0value`. */
+const STATIC_FIELD = new Map<string, number>();
+STATIC.forEach(([name, value], i) => {
   if (!STATIC_NAME.has(name)) STATIC_NAME.set(name, i + 1);
+  if (value !== "") STATIC_FIELD.set(`${name}\0${value}`, i + 1);
 });
 
 function encodeInteger(out: number[], first: number, prefixBits: number, value: number): void {
@@ -205,9 +208,9 @@ function encodeInteger(out: number[], first: number, prefixBits: number, value: 
  */
 export function encodeField(name: string, value: string): Buffer {
   const out: number[] = [];
-  const whole = STATIC.findIndex(([n, v]) => n === name && v === value && v !== "");
-  if (whole >= 0) {
-    encodeInteger(out, 0x80, 7, whole + 1);
+  const whole = STATIC_FIELD.get(`${name}\0${value}`);
+  if (whole !== undefined) {
+    encodeInteger(out, 0x80, 7, whole);
     return Buffer.from(out);
   }
   const nameIndex = STATIC_NAME.get(name);
