@@ -80,9 +80,11 @@ export interface IdemdClientOptions {
    */
   channelOptions?: ChannelOptions;
   /**
-   * What carries the RPCs. `"http2"` (the default): the SDK's own unary gRPC transport, one
-   * `node:http2` session per client, about half the CPU of a grpc-js call and the fastest path
-   * for the executor and the middleware. `"grpc-js"`: the grpc-js channel of {@link IdemdClient.raw}
+   * What carries the RPCs. `"http2"` (the default): the SDK's own unary gRPC transport, HTTP/2
+   * framed by the SDK on one socket per client (src/h2.ts), a third of the CPU of a grpc-js call
+   * and the fastest path for the executor and the middleware. `"node-http2"`: the same gRPC over
+   * one `node:http2` session per client (about half of grpc-js's CPU), should the SDK's framing
+   * and a server or proxy disagree. `"grpc-js"`: the grpc-js channel of {@link IdemdClient.raw}
    * (its channel options, name resolvers and proxy support); also the default when
    * `channelOptions` are set or the address is not `host:port` / `dns:///host:port`.
    */
@@ -103,7 +105,7 @@ export class IdemdClient implements ExecutorClient {
   readonly deadlineMs: number;
   private readonly token: string | undefined;
   private readonly tenantId: string | undefined;
-  /** The http2 transport, or undefined when the RPCs go through grpc-js. */
+  /** The SDK's own transport (its framing or node:http2), or undefined when the RPCs go through grpc-js. */
   private readonly http2: H2Transport | Http2Transport | undefined;
 
   constructor(options: IdemdClientOptions) {
@@ -139,7 +141,7 @@ export class IdemdClient implements ExecutorClient {
         serverNameOverride: typeof tls === "object" ? tls.serverNameOverride : undefined,
       }, headers);
     } else if (options.transport === "http2" || options.transport === "node-http2") {
-      throw new TypeError(`IdemdClient: the http2 transport dials host:port or dns:///host:port, not ${options.address}`);
+      throw new TypeError(`IdemdClient: the ${transport} transport dials host:port or dns:///host:port, not ${options.address}`);
     }
   }
 

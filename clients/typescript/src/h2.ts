@@ -4,7 +4,7 @@
  * Why not `node:http2` (transport.ts, kept as `transport: "node-http2"`): every idemd RPC is one
  * small request and one small answer, and node:http2 builds a ClientHttp2Stream (a Duplex, an
  * AsyncResource, header objects in and out, several listeners) for each, which was most of what
- * a Claim + Complete pair cost the process (bench/pair.js; README "Transports"). The
+ * a Claim + Complete pair cost the process (bench/pair.ts; README, `transport`). The
  * middleware makes that pair on every fresh key. Here a call is one write (HEADERS + DATA) and
  * the frames of its answer parsed from the socket's chunks.
  *
@@ -25,6 +25,7 @@ import {
   type Http2TransportOptions,
   type ResponseHeaders,
   type UnaryCall,
+  dial,
   errorText,
   grpcTimeout,
   httpStatusCode,
@@ -79,7 +80,6 @@ class Call {
   done = false;
 
   constructor(
-    readonly path: string,
     readonly headerBlock: Buffer,
     body: Buffer,
     readonly settle: (error: RpcError | undefined, message?: Uint8Array) => void,
@@ -111,9 +111,6 @@ class Connection {
 
   constructor(socket: net.Socket, private readonly onGone: (c: Connection) => void) {
     this.socket = socket;
-    // A request is one write of HEADERS + DATA; without this a second one in flight can wait for
-    // the ACK of the first (Nagle + delayed ACK, up to 40 ms on Linux).
-    socket.setNoDelay(true);
     const settings = Buffer.alloc(12);
     settings.writeUInt16BE(0x2, 0); // ENABLE_PUSH
     settings.writeUInt32BE(0, 2);
@@ -492,7 +489,7 @@ export class H2Transport {
       body[0] = 0; // not compressed
       body.writeUInt32BE(call.body.length, 1);
       body.set(call.body, 5);
-      const active = new Call(call.path, this.headerBlock(call, deadline), body, settle);
+      const active = new Call(this.headerBlock(call, deadline), body, settle);
       let connection: Connection;
       try {
         connection = this.connect();
@@ -546,20 +543,7 @@ export class H2Transport {
     const current = this.connection;
     if (current && current.usable) return current;
     if (current && current.idle) current.close();
-    const { host, port } = this.options.target;
-    const tlsOptions = this.options.tls;
-    const override = this.options.serverNameOverride;
-    const socket = tlsOptions
-      ? tls.connect({
-          ...tlsOptions,
-          host,
-          port,
-          ALPNProtocols: ["h2"],
-          // SNI carries names only; an IP address is checked against the certificate's IP SANs.
-          ...(net.isIP(override ?? host) ? {} : { servername: override ?? host }),
-          ...(override ? { checkServerIdentity: (_: string, cert: tls.PeerCertificate) => tls.checkServerIdentity(override, cert) } : {}),
-        })
-      : net.connect({ host, port });
+    const socket = dial(this.options);
     if (socket instanceof tls.TLSSocket) {
       socket.once("secureConnect", () => {
         // A server that did not pick h2 would read our preface as garbage.

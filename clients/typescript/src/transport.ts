@@ -1,5 +1,8 @@
 /**
- * The client's unary gRPC transport: one `node:http2` session per client, one stream per call.
+ * The client's `"node-http2"` unary gRPC transport: one `node:http2` session per client, one
+ * stream per call. The default is h2.ts (the same gRPC, HTTP/2 framed by the SDK, for about two
+ * thirds of this one's CPU per call); this one stays as the fallback, and holds the gRPC parts
+ * both share (status and error mapping, grpc-timeout, the receive limit).
  *
  * Why not grpc-js for these calls: every idemd RPC is unary, and grpc-js spends 0.3–0.5 ms of
  * CPU per call in its channel, resolver, load-balancing and filter stack (a Claim + Complete pair
@@ -205,28 +208,9 @@ export class Http2Transport {
   private connection(): http2.ClientHttp2Session {
     const current = this.session;
     if (current && !current.closed && !current.destroyed) return current;
-    const { host, port } = this.options.target;
-    const tlsOptions = this.options.tls;
-    const override = this.options.serverNameOverride;
     const session = http2.connect(`${this.scheme}://${this.authority}`, {
       settings: { enablePush: false, initialWindowSize: WINDOW_BYTES },
-      createConnection: () => {
-        const socket = tlsOptions
-          ? tls.connect({
-              ...tlsOptions,
-              host,
-              port,
-              ALPNProtocols: ["h2"],
-              // SNI carries names only; an IP address is checked against the certificate's IP SANs.
-              ...(net.isIP(override ?? host) ? {} : { servername: override ?? host }),
-              ...(override ? { checkServerIdentity: (_: string, cert: tls.PeerCertificate) => tls.checkServerIdentity(override, cert) } : {}),
-            })
-          : net.connect({ host, port });
-        // A request is a HEADERS and a DATA frame written back to back: without this the second
-        // waits for the ACK of the first (Nagle + delayed ACK, up to 40 ms on Linux).
-        socket.setNoDelay(true);
-        return socket;
-      },
+      createConnection: () => dial(this.options),
     });
     // Failures reach the calls through their streams; without a listener an "error" would throw.
     session.on("error", () => {});
@@ -242,6 +226,27 @@ export class Http2Transport {
   private dropSession(session: http2.ClientHttp2Session | undefined = this.session): void {
     if (session !== undefined && this.session === session) this.session = undefined;
   }
+}
+
+/** The socket to the target, TLS with ALPN h2 when configured, Nagle off. */
+export function dial(options: Http2TransportOptions): net.Socket {
+  const { host, port } = options.target;
+  const override = options.serverNameOverride;
+  const socket = options.tls
+    ? tls.connect({
+        ...options.tls,
+        host,
+        port,
+        ALPNProtocols: ["h2"],
+        // SNI carries names only; an IP address is checked against the certificate's IP SANs.
+        ...(net.isIP(override ?? host) ? {} : { servername: override ?? host }),
+        ...(override ? { checkServerIdentity: (_: string, cert: tls.PeerCertificate) => tls.checkServerIdentity(override, cert) } : {}),
+      })
+    : net.connect({ host, port });
+  // A request is a HEADERS and a DATA frame written back to back: without this a second request
+  // can wait for the ACK of the first (Nagle + delayed ACK, up to 40 ms on Linux).
+  socket.setNoDelay(true);
+  return socket;
 }
 
 /** `grpc-timeout`: at most 8 digits, in the finest unit that fits. */
