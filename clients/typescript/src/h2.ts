@@ -30,10 +30,10 @@ import {
   grpcTimeout,
   httpStatusCode,
   MAX_RECEIVE_BYTES,
-  MAX_TIMER_MS,
   resetCodeError,
   responseMessage,
   statusError,
+  watchCall,
   WINDOW_BYTES,
 } from "./transport";
 
@@ -478,10 +478,9 @@ export class H2Transport {
   unary(call: UnaryCall): Promise<Uint8Array> {
     return new Promise<Uint8Array>((resolve, reject) => {
       const deadline = Date.now() + call.deadlineMs;
-      let timer: NodeJS.Timeout | undefined;
+      let unwatch: (() => void) | undefined;
       const settle = (error: RpcError | undefined, message?: Uint8Array): void => {
-        if (timer !== undefined) clearTimeout(timer);
-        call.signal?.removeEventListener("abort", onAbort);
+        unwatch?.();
         if (error) reject(error);
         else resolve(message!);
       };
@@ -502,15 +501,9 @@ export class H2Transport {
         connection.cancel(active);
         settle(new RpcError(code, details));
       };
-      const onAbort = (): void => cancel(GrpcStatus.CANCELLED, "Cancelled on client");
-      const arm = (): void => {
-        const left = deadline - Date.now();
-        if (left <= 0) cancel(GrpcStatus.DEADLINE_EXCEEDED, "Deadline exceeded");
-        else timer = setTimeout(arm, Math.min(left, MAX_TIMER_MS));
-      };
-      arm();
-      call.signal?.addEventListener("abort", onAbort, { once: true });
-      connection.start(active);
+      unwatch = watchCall(deadline, call.signal, cancel);
+      // A deadline already past has settled the call: nothing goes out.
+      if (!active.done) connection.start(active);
     });
   }
 

@@ -69,7 +69,7 @@ export const MAX_RECEIVE_BYTES = 4 * 1024 * 1024;
  */
 export const WINDOW_BYTES = 4 * 1024 * 1024;
 /** setTimeout's largest delay; a longer deadline re-arms the timer. */
-export const MAX_TIMER_MS = 2 ** 31 - 1;
+const MAX_TIMER_MS = 2 ** 31 - 1;
 
 /** Response headers or trailers, one string per name (an array when repeated). */
 export type ResponseHeaders = Record<string, string | string[] | undefined>;
@@ -113,13 +113,12 @@ export class Http2Transport {
       let statusHeaders: http2.IncomingHttpHeaders | undefined;
       let streamError: Error | undefined;
       let settled = false;
-      let timer: NodeJS.Timeout | undefined;
+      let unwatch: (() => void) | undefined;
 
       const finish = (error: RpcError | undefined, message?: Uint8Array): void => {
         if (settled) return;
         settled = true;
-        if (timer !== undefined) clearTimeout(timer);
-        call.signal?.removeEventListener("abort", onAbort);
+        unwatch?.();
         if (error) reject(error);
         else resolve(message!);
       };
@@ -128,14 +127,7 @@ export class Http2Transport {
         finish(new RpcError(code, details));
         if (!stream.closed) stream.close(http2.constants.NGHTTP2_CANCEL);
       };
-      const onAbort = (): void => cancel(GrpcStatus.CANCELLED, "Cancelled on client");
-      const arm = (): void => {
-        const left = deadline - Date.now();
-        if (left <= 0) cancel(GrpcStatus.DEADLINE_EXCEEDED, "Deadline exceeded");
-        else timer = setTimeout(arm, Math.min(left, MAX_TIMER_MS));
-      };
-      arm();
-      call.signal?.addEventListener("abort", onAbort, { once: true });
+      unwatch = watchCall(deadline, call.signal, cancel);
 
       stream.on("response", (headers) => {
         httpStatus = Number(headers[":status"]);
@@ -226,6 +218,34 @@ export class Http2Transport {
   private dropSession(session: http2.ClientHttp2Session | undefined = this.session): void {
     if (session !== undefined && this.session === session) this.session = undefined;
   }
+}
+
+/**
+ * Calls `cancel` at `deadline` (DEADLINE_EXCEEDED) or when `signal` aborts
+ * (CANCELLED), whichever comes first, once; returns what stops watching.
+ */
+export function watchCall(deadline: number, signal: AbortSignal | undefined, cancel: (code: GrpcStatus, details: string) => void): () => void {
+  let timer: NodeJS.Timeout | undefined;
+  const stop = (): void => {
+    if (timer !== undefined) clearTimeout(timer);
+    signal?.removeEventListener("abort", onAbort);
+  };
+  const fire = (code: GrpcStatus, details: string): void => {
+    stop();
+    cancel(code, details);
+  };
+  const onAbort = (): void => fire(GrpcStatus.CANCELLED, "Cancelled on client");
+  const arm = (): boolean => {
+    const left = deadline - Date.now();
+    if (left <= 0) {
+      fire(GrpcStatus.DEADLINE_EXCEEDED, "Deadline exceeded");
+      return false;
+    }
+    timer = setTimeout(arm, Math.min(left, MAX_TIMER_MS));
+    return true;
+  };
+  if (arm()) signal?.addEventListener("abort", onAbort, { once: true });
+  return stop;
 }
 
 /** The socket to the target, TLS with ALPN h2 when configured, Nagle off. */
