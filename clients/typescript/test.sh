@@ -10,7 +10,8 @@
 # cached; needs Java 17+ and mvn) and sets IDEMD_TEST_KAFKA_BROKERS; then, on their own, the replay
 # latency check (100 replays of a 1 KiB body, fails when the p50 is over 10 ms) and the middleware
 # latency test (fails when a fresh key adds more than 2 ms, p50, over the executor's own pair) and
-# the transport cost test (fails when the default transport's CPU per pair is over 0.85 of grpc-js's).
+# the transport cost test (fails when the default transport's CPU per pair is over 0.8 of node:http2's
+# or 0.6 of grpc-js's).
 #
 #   IDEMD_BIN=/path/to/idemd IDEMD_TEST_CERTS=/path/to/test-certs clients/typescript/test.sh
 #

@@ -12,7 +12,7 @@ import { randomBytes } from "node:crypto";
 import { IdemdClient } from "../src";
 
 const BODY = '{"amount":4200,"currency":"usd","customer":"cus_8812"}';
-const TRANSPORTS = ["grpc-js", "http2"] as const;
+const TRANSPORTS = ["grpc-js", "node-http2", "http2"] as const;
 
 function arg(name: string, fallback?: string): string {
   const i = process.argv.indexOf(`--${name}`);
@@ -44,8 +44,8 @@ async function main(): Promise<void> {
   const rounds = Number(arg("rounds", "5"));
   const prefix = randomBytes(6).toString("hex");
   const clients = Object.fromEntries(TRANSPORTS.map((t) => [t, new IdemdClient({ address, tenantId: "bench", tls: false, transport: t })]));
-  const wall: Record<string, number[]> = { "grpc-js": [], http2: [] };
-  const cpu: Record<string, number> = { "grpc-js": 0, http2: 0 };
+  const wall: Record<string, number[]> = Object.fromEntries(TRANSPORTS.map((t) => [t, []]));
+  const cpu: Record<string, number> = Object.fromEntries(TRANSPORTS.map((t) => [t, 0]));
   for (const t of TRANSPORTS) for (let i = 0; i < 200; i++) await pair(clients[t]!, `${prefix}-warm-${t}-${i}`);
   const perRound = Math.ceil(pairs / rounds);
   for (let r = 0; r < rounds; r++) {
@@ -62,7 +62,7 @@ async function main(): Promise<void> {
   }
   for (const t of TRANSPORTS) {
     const sorted = wall[t]!.sort((a, b) => a - b);
-    console.log(`pair ${t.padEnd(7)}: ${sorted.length} pairs, p50 ${pct(sorted, 0.5).toFixed(3)} ms, p99 ${pct(sorted, 0.99).toFixed(3)} ms, client CPU ${(cpu[t]! / sorted.length).toFixed(3)} ms per pair`);
+    console.log(`pair ${t.padEnd(10)}: ${sorted.length} pairs, p50 ${pct(sorted, 0.5).toFixed(3)} ms, p99 ${pct(sorted, 0.99).toFixed(3)} ms, client CPU ${(cpu[t]! / sorted.length).toFixed(3)} ms per pair`);
   }
   for (const c of Object.values(clients)) c.close();
 }

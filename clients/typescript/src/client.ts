@@ -10,6 +10,7 @@ import {
   type ServiceError,
 } from "@grpc/grpc-js";
 import { RpcError } from "./errors";
+import { H2Transport } from "./h2";
 import { Http2Transport, parseTarget } from "./transport";
 import { executeOnce, type ExecuteOnceOptions, type ExecuteResult } from "./executor";
 import {
@@ -79,13 +80,15 @@ export interface IdemdClientOptions {
    */
   channelOptions?: ChannelOptions;
   /**
-   * What carries the RPCs. `"http2"` (the default): the SDK's own unary gRPC transport, one
-   * `node:http2` session per client, about half the CPU of a grpc-js call and the fastest path
-   * for the executor and the middleware. `"grpc-js"`: the grpc-js channel of {@link IdemdClient.raw}
+   * What carries the RPCs. `"http2"` (the default): the SDK's own unary gRPC transport, HTTP/2
+   * framed by the SDK on one socket per client (src/h2.ts), a third of the CPU of a grpc-js call
+   * and the fastest path for the executor and the middleware. `"node-http2"`: the same gRPC over
+   * one `node:http2` session per client (about half of grpc-js's CPU), should the SDK's framing
+   * and a server or proxy disagree. `"grpc-js"`: the grpc-js channel of {@link IdemdClient.raw}
    * (its channel options, name resolvers and proxy support); also the default when
    * `channelOptions` are set or the address is not `host:port` / `dns:///host:port`.
    */
-  transport?: "http2" | "grpc-js";
+  transport?: "http2" | "node-http2" | "grpc-js";
 }
 
 const DEFAULT_DEADLINE_MS = 10_000;
@@ -102,8 +105,8 @@ export class IdemdClient implements ExecutorClient {
   readonly deadlineMs: number;
   private readonly token: string | undefined;
   private readonly tenantId: string | undefined;
-  /** The http2 transport, or undefined when the RPCs go through grpc-js. */
-  private readonly http2: Http2Transport | undefined;
+  /** The SDK's own transport (its framing or node:http2), or undefined when the RPCs go through grpc-js. */
+  private readonly http2: H2Transport | Http2Transport | undefined;
 
   constructor(options: IdemdClientOptions) {
     if (!options.address) throw new TypeError("IdemdClient: address is required");
@@ -121,7 +124,7 @@ export class IdemdClient implements ExecutorClient {
     this.raw = new GeneratedIdempotencyClient(options.address, channelCredentials(tls, pems), channelOptions);
     const transport = options.transport ?? (options.channelOptions === undefined ? "http2" : "grpc-js");
     const target = parseTarget(options.address);
-    if (transport === "http2" && target !== undefined) {
+    if ((transport === "http2" || transport === "node-http2") && target !== undefined) {
       const headers: Record<string, string> = {
         "content-type": "application/grpc",
         te: "trailers",
@@ -129,7 +132,7 @@ export class IdemdClient implements ExecutorClient {
       };
       if (this.token !== undefined) headers.authorization = `Bearer ${this.token}`;
       if (this.tenantId !== undefined) headers["x-tenant-id"] = this.tenantId;
-      this.http2 = new Http2Transport({
+      this.http2 = new (transport === "http2" ? H2Transport : Http2Transport)({
         target,
         tls: tls === false ? undefined : {
           ...(pems?.ca ? { ca: pems.ca } : {}),
@@ -137,8 +140,8 @@ export class IdemdClient implements ExecutorClient {
         },
         serverNameOverride: typeof tls === "object" ? tls.serverNameOverride : undefined,
       }, headers);
-    } else if (options.transport === "http2") {
-      throw new TypeError(`IdemdClient: the http2 transport dials host:port or dns:///host:port, not ${options.address}`);
+    } else if (options.transport === "http2" || options.transport === "node-http2") {
+      throw new TypeError(`IdemdClient: the ${transport} transport dials host:port or dns:///host:port, not ${options.address}`);
     }
   }
 

@@ -1,5 +1,8 @@
 /**
- * The client's unary gRPC transport: one `node:http2` session per client, one stream per call.
+ * The client's `"node-http2"` unary gRPC transport: one `node:http2` session per client, one
+ * stream per call. The default is h2.ts (the same gRPC, HTTP/2 framed by the SDK, for about two
+ * thirds of this one's CPU per call); this one stays as the fallback, and holds the gRPC parts
+ * both share (status and error mapping, grpc-timeout, the receive limit).
  *
  * Why not grpc-js for these calls: every idemd RPC is unary, and grpc-js spends 0.3–0.5 ms of
  * CPU per call in its channel, resolver, load-balancing and filter stack (a Claim + Complete pair
@@ -59,14 +62,17 @@ export interface Http2TransportOptions {
 }
 
 /** grpc-js's default receive limit, kept so that a response it would refuse is refused here too. */
-const MAX_RECEIVE_BYTES = 4 * 1024 * 1024;
+export const MAX_RECEIVE_BYTES = 4 * 1024 * 1024;
 /**
  * Flow-control window of the session and of each stream: a replayed body of a few hundred KiB
  * then arrives in one round trip rather than one per 64 KiB (HTTP/2's default window).
  */
-const WINDOW_BYTES = 4 * 1024 * 1024;
+export const WINDOW_BYTES = 4 * 1024 * 1024;
 /** setTimeout's largest delay; a longer deadline re-arms the timer. */
 const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/** Response headers or trailers, one string per name (an array when repeated). */
+export type ResponseHeaders = Record<string, string | string[] | undefined>;
 
 /** Per-call inputs, resolved by the client (deadline already defaulted). */
 export interface UnaryCall {
@@ -107,13 +113,12 @@ export class Http2Transport {
       let statusHeaders: http2.IncomingHttpHeaders | undefined;
       let streamError: Error | undefined;
       let settled = false;
-      let timer: NodeJS.Timeout | undefined;
+      let unwatch: (() => void) | undefined;
 
       const finish = (error: RpcError | undefined, message?: Uint8Array): void => {
         if (settled) return;
         settled = true;
-        if (timer !== undefined) clearTimeout(timer);
-        call.signal?.removeEventListener("abort", onAbort);
+        unwatch?.();
         if (error) reject(error);
         else resolve(message!);
       };
@@ -122,14 +127,7 @@ export class Http2Transport {
         finish(new RpcError(code, details));
         if (!stream.closed) stream.close(http2.constants.NGHTTP2_CANCEL);
       };
-      const onAbort = (): void => cancel(GrpcStatus.CANCELLED, "Cancelled on client");
-      const arm = (): void => {
-        const left = deadline - Date.now();
-        if (left <= 0) cancel(GrpcStatus.DEADLINE_EXCEEDED, "Deadline exceeded");
-        else timer = setTimeout(arm, Math.min(left, MAX_TIMER_MS));
-      };
-      arm();
-      call.signal?.addEventListener("abort", onAbort, { once: true });
+      unwatch = watchCall(deadline, call.signal, cancel);
 
       stream.on("response", (headers) => {
         httpStatus = Number(headers[":status"]);
@@ -202,28 +200,9 @@ export class Http2Transport {
   private connection(): http2.ClientHttp2Session {
     const current = this.session;
     if (current && !current.closed && !current.destroyed) return current;
-    const { host, port } = this.options.target;
-    const tlsOptions = this.options.tls;
-    const override = this.options.serverNameOverride;
     const session = http2.connect(`${this.scheme}://${this.authority}`, {
       settings: { enablePush: false, initialWindowSize: WINDOW_BYTES },
-      createConnection: () => {
-        const socket = tlsOptions
-          ? tls.connect({
-              ...tlsOptions,
-              host,
-              port,
-              ALPNProtocols: ["h2"],
-              // SNI carries names only; an IP address is checked against the certificate's IP SANs.
-              ...(net.isIP(override ?? host) ? {} : { servername: override ?? host }),
-              ...(override ? { checkServerIdentity: (_: string, cert: tls.PeerCertificate) => tls.checkServerIdentity(override, cert) } : {}),
-            })
-          : net.connect({ host, port });
-        // A request is a HEADERS and a DATA frame written back to back: without this the second
-        // waits for the ACK of the first (Nagle + delayed ACK, up to 40 ms on Linux).
-        socket.setNoDelay(true);
-        return socket;
-      },
+      createConnection: () => dial(this.options),
     });
     // Failures reach the calls through their streams; without a listener an "error" would throw.
     session.on("error", () => {});
@@ -241,8 +220,57 @@ export class Http2Transport {
   }
 }
 
+/**
+ * Calls `cancel` at `deadline` (DEADLINE_EXCEEDED) or when `signal` aborts
+ * (CANCELLED), whichever comes first, once; returns what stops watching.
+ */
+export function watchCall(deadline: number, signal: AbortSignal | undefined, cancel: (code: GrpcStatus, details: string) => void): () => void {
+  let timer: NodeJS.Timeout | undefined;
+  const stop = (): void => {
+    if (timer !== undefined) clearTimeout(timer);
+    signal?.removeEventListener("abort", onAbort);
+  };
+  const fire = (code: GrpcStatus, details: string): void => {
+    stop();
+    cancel(code, details);
+  };
+  const onAbort = (): void => fire(GrpcStatus.CANCELLED, "Cancelled on client");
+  const arm = (): boolean => {
+    const left = deadline - Date.now();
+    if (left <= 0) {
+      fire(GrpcStatus.DEADLINE_EXCEEDED, "Deadline exceeded");
+      return false;
+    }
+    timer = setTimeout(arm, Math.min(left, MAX_TIMER_MS));
+    return true;
+  };
+  if (arm()) signal?.addEventListener("abort", onAbort, { once: true });
+  return stop;
+}
+
+/** The socket to the target, TLS with ALPN h2 when configured, Nagle off. */
+export function dial(options: Http2TransportOptions): net.Socket {
+  const { host, port } = options.target;
+  const override = options.serverNameOverride;
+  const socket = options.tls
+    ? tls.connect({
+        ...options.tls,
+        host,
+        port,
+        ALPNProtocols: ["h2"],
+        // SNI carries names only; an IP address is checked against the certificate's IP SANs.
+        ...(net.isIP(override ?? host) ? {} : { servername: override ?? host }),
+        ...(override ? { checkServerIdentity: (_: string, cert: tls.PeerCertificate) => tls.checkServerIdentity(override, cert) } : {}),
+      })
+    : net.connect({ host, port });
+  // A request is a HEADERS and a DATA frame written back to back: without this a second request
+  // can wait for the ACK of the first (Nagle + delayed ACK, up to 40 ms on Linux).
+  socket.setNoDelay(true);
+  return socket;
+}
+
 /** `grpc-timeout`: at most 8 digits, in the finest unit that fits. */
-function grpcTimeout(ms: number): string {
+export function grpcTimeout(ms: number): string {
   const m = Math.max(1, Math.ceil(ms));
   if (m < 1e8) return `${m}m`;
   const s = Math.ceil(m / 1000);
@@ -251,7 +279,7 @@ function grpcTimeout(ms: number): string {
 }
 
 /** The error of a non-OK status in `headers` (trailers, or a trailers-only response), or undefined. */
-function statusError(headers: http2.IncomingHttpHeaders): RpcError | undefined {
+export function statusError(headers: ResponseHeaders): RpcError | undefined {
   const code = Number(headers["grpc-status"]);
   if (code === GrpcStatus.OK) return undefined;
   const raw = headers["grpc-message"];
@@ -272,10 +300,10 @@ function statusError(headers: http2.IncomingHttpHeaders): RpcError | undefined {
 }
 
 /** The one message of an OK response, or the error grpc-js reports for a missing or odd one. */
-function responseMessage(
+export function responseMessage(
   chunks: Buffer[],
   received: number,
-  trailers: http2.IncomingHttpHeaders,
+  trailers: ResponseHeaders,
 ): [RpcError | undefined, Uint8Array?] {
   const data = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, received);
   const metadata = (): Metadata => {
@@ -296,7 +324,7 @@ function responseMessage(
 }
 
 /** grpc-js's mapping of an HTTP status without a gRPC status. */
-function httpStatusCode(code: number): [GrpcStatus, string] {
+export function httpStatusCode(code: number): [GrpcStatus, string] {
   const details = `Received HTTP status code ${code}`;
   switch (code) {
     case 400: return [GrpcStatus.INTERNAL, details];
@@ -313,28 +341,36 @@ function httpStatusCode(code: number): [GrpcStatus, string] {
  * codes), or lost with its connection (refused, closed, TLS refused), which is `UNAVAILABLE`.
  */
 function resetError(rstCode: number | undefined, cause: Error | undefined, connectionLost: boolean): RpcError {
-  const c = http2.constants;
   const reset = (cause as { code?: string } | undefined)?.code === "ERR_HTTP2_STREAM_ERROR" || cause === undefined;
   if (reset && rstCode !== undefined) {
-    switch (rstCode) {
-      case c.NGHTTP2_NO_ERROR:
-      case c.NGHTTP2_INTERNAL_ERROR:
-        return new RpcError(GrpcStatus.INTERNAL, `Received RST_STREAM with code ${rstCode}`, new Metadata(), { cause });
-      case c.NGHTTP2_REFUSED_STREAM:
-        return new RpcError(GrpcStatus.UNAVAILABLE, "Stream refused by server", new Metadata(), { cause });
-      case c.NGHTTP2_CANCEL:
-        // Node also ends the streams of a dropped connection with CANCEL.
-        if (connectionLost) return new RpcError(GrpcStatus.UNAVAILABLE, "Connection dropped");
-        return new RpcError(GrpcStatus.CANCELLED, "Call cancelled", new Metadata(), { cause });
-      case c.NGHTTP2_ENHANCE_YOUR_CALM:
-        return new RpcError(GrpcStatus.RESOURCE_EXHAUSTED, "Bandwidth exhausted or memory limit exceeded", new Metadata(), { cause });
-      case c.NGHTTP2_INADEQUATE_SECURITY:
-        return new RpcError(GrpcStatus.PERMISSION_DENIED, "Protocol not secure enough", new Metadata(), { cause });
-    }
+    const error = resetCodeError(rstCode, connectionLost, cause);
+    if (error) return error;
   }
   return new RpcError(GrpcStatus.UNAVAILABLE, cause ? errorText(cause) : "Connection dropped", new Metadata(), { cause });
 }
 
-function errorText(err: unknown): string {
+/** grpc-js's mapping of a RST_STREAM code (UNAVAILABLE for a code it does not name). */
+export function resetCodeError(rstCode: number, connectionLost: boolean, cause?: Error): RpcError {
+  const c = http2.constants;
+  switch (rstCode) {
+    case c.NGHTTP2_NO_ERROR:
+    case c.NGHTTP2_INTERNAL_ERROR:
+      return new RpcError(GrpcStatus.INTERNAL, `Received RST_STREAM with code ${rstCode}`, new Metadata(), { cause });
+    case c.NGHTTP2_REFUSED_STREAM:
+      return new RpcError(GrpcStatus.UNAVAILABLE, "Stream refused by server", new Metadata(), { cause });
+    case c.NGHTTP2_CANCEL:
+      // Node also ends the streams of a dropped connection with CANCEL.
+      if (connectionLost) return new RpcError(GrpcStatus.UNAVAILABLE, "Connection dropped");
+      return new RpcError(GrpcStatus.CANCELLED, "Call cancelled", new Metadata(), { cause });
+    case c.NGHTTP2_ENHANCE_YOUR_CALM:
+      return new RpcError(GrpcStatus.RESOURCE_EXHAUSTED, "Bandwidth exhausted or memory limit exceeded", new Metadata(), { cause });
+    case c.NGHTTP2_INADEQUATE_SECURITY:
+      return new RpcError(GrpcStatus.PERMISSION_DENIED, "Protocol not secure enough", new Metadata(), { cause });
+    default:
+      return new RpcError(GrpcStatus.UNAVAILABLE, `Received RST_STREAM with code ${rstCode}`, new Metadata(), { cause });
+  }
+}
+
+export function errorText(err: unknown): string {
   return err instanceof Error ? err.message : String(err);
 }

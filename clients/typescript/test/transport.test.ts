@@ -1,11 +1,16 @@
 /**
- * The client's own http2 transport (src/transport.ts): what it must do that grpc-js did for it.
- * Protocol edge cases against a scripted `node:http2` server (trailers-only errors with a
- * percent-encoded message and binary details, HTTP errors, resets, a server that never answers,
- * one session for many calls); deadlines, cancellation and a restart against the real idemd.
+ * The client's own unary transports: its HTTP/2 framing (src/h2.ts, the default, `"http2"`) and
+ * the `node:http2` one (src/transport.ts, `"node-http2"`), every case against both: what they must
+ * do that grpc-js did for them. Protocol edge cases against a scripted `node:http2` server
+ * (trailers-only errors with a percent-encoded message and binary details, HTTP errors, resets, a
+ * server that never answers, one session for many calls, headers over CONTINUATION frames and
+ * from HPACK's dynamic table, messages larger than the flow-control windows both ways, the
+ * server's stream limit, GOAWAY, PING); deadlines, cancellation and a restart against the real
+ * idemd.
  */
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
+import { createRequire } from "node:module";
 import * as http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import { after, before, describe, test } from "node:test";
@@ -25,10 +30,10 @@ function statusDetails(reason: string): Buffer {
 type Script = (stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders, body: Buffer) => void;
 
 /** An h2c server that answers every call with `script`; counts sessions and keeps the requests. */
-async function scriptedServer(script: Script) {
+async function scriptedServer(script: Script, settings: http2.Settings = {}) {
   const requests: Array<{ headers: http2.IncomingHttpHeaders; body: Buffer }> = [];
   const sessions: http2.ServerHttp2Session[] = [];
-  const server = http2.createServer();
+  const server = http2.createServer({ settings });
   server.on("session", (session) => sessions.push(session));
   server.on("stream", (stream, headers) => {
     const chunks: Buffer[] = [];
@@ -46,6 +51,7 @@ async function scriptedServer(script: Script) {
     address: `127.0.0.1:${port}`,
     requests,
     sessions: () => sessions.length,
+    session: (i: number) => sessions[i]!,
     close: () => new Promise<void>((resolve) => {
       server.close(() => resolve());
       // Sessions left open by clients would keep close() waiting.
@@ -63,10 +69,48 @@ function rejectsWith(code: GrpcStatus, check?: (err: RpcError) => void) {
   };
 }
 
-describe("http2 transport against a scripted server", () => {
+/** A gRPC answer of one message and an OK status. */
+function answerWith(stream: http2.ServerHttp2Stream, message: Uint8Array): void {
+  stream.respond({ ":status": 200, "content-type": "application/grpc" }, { waitForTrailers: true });
+  const frame = Buffer.alloc(5 + message.length);
+  frame.writeUInt32BE(message.length, 1);
+  frame.set(message, 5);
+  stream.on("wantTrailers", () => stream.sendTrailers({ "grpc-status": "0" }));
+  stream.end(frame);
+}
+
+const NOT_FOUND = { ":status": 200, "content-type": "application/grpc", "grpc-status": "5" };
+
+test("the default transport frames HTTP/2 itself: its calls open no node:http2 session", async () => {
+  // The module object itself (the compiled imports read through to it), not an import's copy.
+  const nodeHttp2 = createRequire(__filename)("node:http2") as { connect: typeof http2.connect };
+  const connect = nodeHttp2.connect;
+  let connects = 0;
+  nodeHttp2.connect = ((...args: Parameters<typeof http2.connect>) => {
+    connects += 1;
+    return connect(...args);
+  }) as typeof http2.connect;
+  const server = await scriptedServer((stream) => stream.respond(NOT_FOUND, { endStream: true }));
+  const byDefault = new IdemdClient({ address: server.address, tls: false });
+  const fallback = new IdemdClient({ address: server.address, tls: false, transport: "node-http2" });
+  try {
+    await assert.rejects(byDefault.lookup({ key: "k" }), rejectsWith(GrpcStatus.NOT_FOUND));
+    assert.equal(connects, 0, "the default transport went through node:http2");
+    await assert.rejects(fallback.lookup({ key: "k" }), rejectsWith(GrpcStatus.NOT_FOUND));
+    assert.equal(connects, 1, "transport node-http2 is node:http2");
+  } finally {
+    nodeHttp2.connect = connect;
+    byDefault.close();
+    fallback.close();
+    await server.close();
+  }
+});
+
+for (const transport of ["http2", "node-http2"] as const) {
+describe(`${transport} transport against a scripted server`, () => {
   const clients: IdemdClient[] = [];
   const client = (address: string, options: Partial<ConstructorParameters<typeof IdemdClient>[0]> = {}): IdemdClient => {
-    const c = new IdemdClient({ address, tls: false, token: "t0k", tenantId: "acme", ...options });
+    const c = new IdemdClient({ address, tls: false, token: "t0k", tenantId: "acme", transport, ...options });
     clients.push(c);
     return c;
   };
@@ -190,13 +234,106 @@ describe("http2 transport against a scripted server", () => {
     }
   });
 
-  test("an address it cannot dial is refused for transport http2, and served by grpc-js by default", () => {
-    assert.throws(() => new IdemdClient({ address: "unix:/tmp/idemd.sock", tls: false, transport: "http2" }), TypeError);
+  test("an address it cannot dial is refused, and served by grpc-js by default", () => {
+    assert.throws(() => new IdemdClient({ address: "unix:/tmp/idemd.sock", tls: false, transport }), TypeError);
     new IdemdClient({ address: "unix:/tmp/idemd.sock", tls: false }).close();
+  });
+
+  test("headers over CONTINUATION frames, and from HPACK's dynamic table on the next call", async () => {
+    // nghttp2 indexes what it sends, so the second answer refers to the first's entries.
+    const big = "v".repeat(20_000); // over the 16 KiB frame: HEADERS + CONTINUATION
+    const server = await scriptedServer((stream) => stream.respond({ ...NOT_FOUND, "grpc-message": "gone: caf%C3%A9", "x-big": big }, { endStream: true }));
+    try {
+      const c = client(server.address);
+      for (let i = 0; i < 3; i++) {
+        await assert.rejects(c.lookup({ key: "k" }), rejectsWith(GrpcStatus.NOT_FOUND, (err) => {
+          assert.equal(err.details, "gone: café");
+          assert.deepEqual(err.metadata.get("x-big"), [big]);
+        }));
+      }
+      assert.equal(server.sessions(), 1);
+    } finally {
+      await server.close();
+    }
+  });
+
+  test("a request larger than the server's flow-control windows is sent as they open", async () => {
+    // node:http2's server starts with HTTP/2's default 64 KiB windows.
+    const server = await scriptedServer((stream) => stream.respond(NOT_FOUND, { endStream: true }));
+    try {
+      const key = "k".repeat(1_000_000);
+      await assert.rejects(client(server.address).lookup({ key }), rejectsWith(GrpcStatus.NOT_FOUND));
+      assert.equal(v1.LookupRequest.decode(server.requests[0]!.body.subarray(5)).key, key);
+    } finally {
+      await server.close();
+    }
+  });
+
+  test("answers larger than the client's windows, one after another on one connection", async () => {
+    const key = "r".repeat(3_000_000); // two of them overrun the 4 MiB connection window
+    const response = v1.LookupResponse.encode(v1.LookupResponse.fromPartial({ record: { key } })).finish();
+    const server = await scriptedServer((stream) => answerWith(stream, response));
+    try {
+      const c = client(server.address);
+      for (let i = 0; i < 3; i++) assert.equal((await c.lookup({ key: "k" })).record?.key, key);
+      assert.equal(server.sessions(), 1);
+    } finally {
+      await server.close();
+    }
+  });
+
+  test("calls over the server's MAX_CONCURRENT_STREAMS wait for a stream to end", async () => {
+    let open = 0;
+    let most = 0;
+    const server = await scriptedServer((stream) => {
+      open += 1;
+      most = Math.max(most, open);
+      setTimeout(() => {
+        open -= 1;
+        stream.respond(NOT_FOUND, { endStream: true });
+      }, 20);
+    }, { maxConcurrentStreams: 2 });
+    try {
+      const c = client(server.address);
+      await assert.rejects(c.lookup({ key: "first" }), rejectsWith(GrpcStatus.NOT_FOUND)); // the server's SETTINGS are in
+      await Promise.all(Array.from({ length: 8 }, (_, i) => assert.rejects(c.lookup({ key: `c${i}` }), rejectsWith(GrpcStatus.NOT_FOUND))));
+      assert.equal(server.requests.length, 9);
+      assert.ok(most <= 2, `the server saw ${most} streams at once`);
+    } finally {
+      await server.close();
+    }
+  });
+
+  test("GOAWAY: the call the server took completes, the next call opens a new connection", async () => {
+    const server = await scriptedServer((stream) => {
+      if (server.requests.length === 1) stream.session!.goaway(http2.constants.NGHTTP2_NO_ERROR, stream.id);
+      stream.respond(NOT_FOUND, { endStream: true });
+    });
+    try {
+      const c = client(server.address);
+      await assert.rejects(c.lookup({ key: "a" }), rejectsWith(GrpcStatus.NOT_FOUND));
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      await assert.rejects(c.lookup({ key: "b" }), rejectsWith(GrpcStatus.NOT_FOUND));
+      assert.equal(server.sessions(), 2);
+    } finally {
+      await server.close();
+    }
+  });
+
+  test("a PING from the server is acknowledged", async () => {
+    const server = await scriptedServer((stream) => stream.respond(NOT_FOUND, { endStream: true }));
+    try {
+      await assert.rejects(client(server.address).lookup({ key: "k" }), rejectsWith(GrpcStatus.NOT_FOUND));
+      const rtt = await new Promise<number>((resolve, reject) =>
+        server.session(0).ping((err, duration) => (err ? reject(err) : resolve(duration))));
+      assert.ok(rtt >= 0);
+    } finally {
+      await server.close();
+    }
   });
 });
 
-describe("http2 transport against a live idemd", () => {
+describe(`${transport} transport against a live idemd`, () => {
   let server: IdemdServer;
   before(async () => {
     server = await startIdemd({ auth: false });
@@ -206,7 +343,7 @@ describe("http2 transport against a live idemd", () => {
   });
 
   test("idemd stopped and started again on the same address: calls fail fast meanwhile, then the client reconnects", async () => {
-    const client = new IdemdClient({ address: server.address, tenantId: "acme", tls: false, deadlineMs: 5_000 });
+    const client = new IdemdClient({ address: server.address, tenantId: "acme", tls: false, deadlineMs: 5_000, transport });
     try {
       const key = randomUUID();
       await assert.rejects(client.lookup({ endpoint: ENDPOINT, key }), rejectsWith(GrpcStatus.NOT_FOUND));
@@ -225,7 +362,7 @@ describe("http2 transport against a live idemd", () => {
   });
 
   test("a Claim that waits past its deadline ends by the deadline, not by the server-side wait", async () => {
-    const client = new IdemdClient({ address: server.address, tenantId: "acme", tls: false });
+    const client = new IdemdClient({ address: server.address, tenantId: "acme", tls: false, transport });
     try {
       const key = randomUUID();
       const first = await client.claim({ endpoint: ENDPOINT, key, attemptId: "a1", request: { method: "POST", path: "/p", body: Buffer.from("{}") } });
@@ -247,3 +384,4 @@ describe("http2 transport against a live idemd", () => {
     }
   });
 });
+}
