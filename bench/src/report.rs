@@ -321,14 +321,14 @@ pub fn targets(summaries: &[Summary], rss_1000: Option<f64>) -> Vec<Target> {
             Some(1.15),
         ),
         // What bounds P4a: the same ratio against every statement idemd
-        // sends per pair (no goal; close to 1 means the gap to raw-lwt is
-        // the index's writes, not the server).
+        // sends per pair, so the gap to raw-lwt splits into the index's
+        // writes and idemd's own overhead, which issue 38 holds under 10%.
         ratio_target(
             "P4c",
             "CQL backend fresh vs the same statements on the driver (raw-lwt-indexed, pairs/s)",
             tput("idemd-cql", Workload::Fresh),
             tput("raw-lwt-indexed", Workload::Fresh),
-            None,
+            Some(0.9),
             None,
         ),
     ];
