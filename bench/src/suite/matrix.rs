@@ -93,9 +93,7 @@ pub(super) async fn measure_all(
                 settle(format!("{} {}", system.kind.name(), workload.name())).await;
                 let spec = system.spec(common, workload);
                 let apart = if common.pin && system.kind.needs_cql() {
-                    Some(StoreApart::enter(
-                        system.server.as_ref().and_then(|s| s.pid()),
-                    )?)
+                    StoreApart::enter(system.server.as_ref().and_then(|s| s.pid()))?
                 } else {
                     None
                 };

@@ -35,10 +35,16 @@ pub(super) struct StoreApart {
 
 impl StoreApart {
     /// Applies the placement; `server` is the system's own process, if
-    /// it has one (the raw driver loops run inside the bench).
-    pub(super) fn enter(server: Option<u32>) -> Result<Self> {
-        let cassandra = cassandra_pid(&repo_root())
-            .ok_or_else(|| anyhow::anyhow!("no Cassandra pid file to place the node by"))?;
+    /// it has one (the raw driver loops run inside the bench). `None`
+    /// when no local node was started by `scripts/cassandra.sh` (a remote
+    /// cluster has cores of its own already): nothing moves.
+    pub(super) fn enter(server: Option<u32>) -> Result<Option<Self>> {
+        let Some(cassandra) = cassandra_pid(&repo_root()) else {
+            eprintln!(
+                "idemd-bench: no local Cassandra pid file; the CQL systems run without the placement"
+            );
+            return Ok(None);
+        };
         // Constructed first, so a failure below still restores what moved.
         let apart = Self { cassandra, server };
         set_affinity(cassandra, "1")?;
@@ -46,7 +52,7 @@ impl StoreApart {
         if let Some(server) = server {
             set_affinity(server, "0")?;
         }
-        Ok(apart)
+        Ok(Some(apart))
     }
 }
 
