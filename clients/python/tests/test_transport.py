@@ -163,13 +163,13 @@ def test_rst_stream(kind: str, rst: int, code: grpc.StatusCode) -> None:
     assert raised.value.code == code
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_goaway_fails_unprocessed_calls_unavailable_and_the_next_call_reconnects(kind: str) -> None:
+def assert_first_call_unavailable_then_reconnects(kind: str, end_first: Callable[[Call], None]) -> None:
+    """`end_first` ends the first call's connection; the call fails UNAVAILABLE and the next one
+    succeeds over a new connection."""
+
     def script(call: Call) -> None:
         if len(call.conn.server.calls) == 1:
-            # The first call was not processed; the connection stays open, as a server
-            # draining its other streams keeps it.
-            call.goaway(last_stream_id=0, close=False)
+            end_first(call)
         else:
             call.reply(FOUND)
 
@@ -178,21 +178,20 @@ def test_goaway_fails_unprocessed_calls_unavailable_and_the_next_call_reconnects
     assert isinstance(first, idemd.RpcError) and first.code == grpc.StatusCode.UNAVAILABLE
     assert second.record.key == "k1"
     assert len(server.connections) == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_goaway_fails_unprocessed_calls_unavailable_and_the_next_call_reconnects(kind: str) -> None:
+    # The first call was not processed; the connection stays open, as a server draining its
+    # other streams keeps it.
+    assert_first_call_unavailable_then_reconnects(
+        kind, lambda call: call.goaway(last_stream_id=0, close=False)
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_closed_socket_is_unavailable_then_reconnects(kind: str) -> None:
-    def script(call: Call) -> None:
-        if len(call.conn.server.calls) == 1:
-            call.conn.close()
-        else:
-            call.reply(FOUND)
-
-    with H2Server(script) as server:
-        first, second = each(kind, server.address, 2)
-    assert isinstance(first, idemd.RpcError) and first.code == grpc.StatusCode.UNAVAILABLE
-    assert second.record.key == "k1"
-    assert len(server.connections) == 2
+    assert_first_call_unavailable_then_reconnects(kind, lambda call: call.conn.close())
 
 
 @pytest.mark.parametrize("kind", KINDS)
