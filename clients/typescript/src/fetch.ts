@@ -10,10 +10,17 @@
  * leaves the key UNKNOWN (released for a NoSideEffectError) and the error propagates. A Request
  * whose body was already read (`bodyUsed`, or its stream locked by a reader) is answered 500
  * `middleware_order` (logged once) without claiming the key.
+ *
+ * Per request this wrapper builds what the Web API leaves no way around (a Request for the
+ * handler, which follows the original's abort signal, and the Response it returns) and as
+ * little else as it can: each Request, Response and body stream costs tens of microseconds in
+ * Node's undici (docs/sdk.md), so bodies are read with a stream reader rather than
+ * `arrayBuffer()`, the path comes from the URL string rather than a parsed `URL`, and the
+ * handler's Request is made from the original rather than from its URL and copied headers.
  */
 import type { IdemdClient } from "./client";
 import type { HandlerContext, HeaderList } from "./executor";
-import { BODY_READ_BEFORE, handle, Middleware, type IdempotencyOptions } from "./http";
+import { BODY_READ_BEFORE, handle, Middleware, type Answer, type IdempotencyOptions } from "./http";
 
 /** A Web-standard handler; `idemd` is set when the request was claimed (for `downstreamKey`). */
 export type FetchHandler = (request: Request, idemd?: HandlerContext) => Response | Promise<Response>;
@@ -22,49 +29,131 @@ export function withIdempotency(client: IdemdClient, options: IdempotencyOptions
   const middleware = new Middleware(client, options,
     "pass the Request to withIdempotency's wrapper before anything reads its body (request.json(), text(), arrayBuffer(), formData() or a reader of request.body)");
   return async (request: Request): Promise<Response> => {
-    const url = new URL(request.url);
+    const [path, target] = pathAndTarget(request.url);
+    const requestHeaders = request.headers;
     const outcome = await handle(
       middleware,
       {
         method: request.method,
-        path: url.pathname,
-        target: url.pathname + url.search,
-        header: (name) => request.headers.get(name) ?? undefined,
+        path,
+        target,
+        header: (name) => requestHeaders.get(name) ?? undefined,
       },
       async (limit) => {
         // A Request without a body (body null) is never bodyUsed; one with Content-Length 0 lost
         // nothing when it was read (as in node-http.ts's readRequestBody).
         if (request.bodyUsed || request.body?.locked) {
-          return request.headers.get("content-length") === "0" ? Buffer.alloc(0) : BODY_READ_BEFORE;
+          return requestHeaders.get("content-length") === "0" ? Buffer.alloc(0) : BODY_READ_BEFORE;
         }
-        const declared = Number(request.headers.get("content-length") ?? NaN);
+        const declared = Number(requestHeaders.get("content-length") ?? NaN);
         if (declared > limit) return null;
-        const body = Buffer.from(await request.arrayBuffer());
+        // Neither used nor locked (checked above): read as is.
+        const body = request.body === null ? Buffer.alloc(0) : await streamBytes(request.body);
         return body.length > limit ? null : body;
       },
       async (body, context) => {
-        const inner = new Request(request.url, {
-          method: request.method,
-          headers: request.headers,
-          body: body.length > 0 || !["GET", "HEAD"].includes(request.method.toUpperCase()) ? body : undefined,
-          signal: request.signal,
-        });
-        const response = await handler(inner, context);
+        const response = await handler(innerRequest(request, body), context);
         const headers: HeaderList = [];
-        response.headers.forEach((value, name) => {
+        const responseHeaders = response.headers;
+        responseHeaders.forEach((value, name) => {
           if (name !== "set-cookie") headers.push([name, value]);
         });
-        for (const cookie of response.headers.getSetCookie()) headers.push(["set-cookie", cookie]);
-        return { status: response.status, headers, body: Buffer.from(await response.arrayBuffer()) };
+        for (const cookie of responseHeaders.getSetCookie()) headers.push(["set-cookie", cookie]);
+        return { status: response.status, headers, body: await responseBytes(response) };
       },
     );
     if (outcome.kind === "pass") return handler(request);
-    const headers = new Headers();
-    for (const [name, value] of outcome.answer.headers) headers.append(name, value);
-    headers.delete("content-length");
-    return new Response(outcome.answer.body.length > 0 ? outcome.answer.body : null, {
-      status: outcome.answer.status,
-      headers,
-    });
+    return responseOf(outcome.answer);
   };
+}
+
+/**
+ * `[pathname, pathname + search]` of a URL string, as `new URL(href)` gives them. A serialized
+ * http(s) URL whose path and query hold only characters the URL parser leaves alone (and no dot
+ * segment) is sliced; anything else (a foreign Request's unnormalized URL) is parsed.
+ */
+export function pathAndTarget(href: string): [string, string] {
+  const start = href.startsWith("http://") ? 7 : href.startsWith("https://") ? 8 : -1;
+  const slash = start < 0 ? -1 : href.indexOf("/", start);
+  const hash = href.indexOf("#");
+  if (slash >= 0 && (hash < 0 || hash > slash)) {
+    const end = hash < 0 ? href.length : hash;
+    const rest = href.slice(slash, end);
+    if (PLAIN.test(rest)) {
+      const query = rest.indexOf("?");
+      const pathname = query < 0 ? rest : rest.slice(0, query);
+      if (!DOT_SEGMENT.test(pathname)) {
+        // URL's search is "" for a bare "?".
+        return [pathname, query < 0 || query === rest.length - 1 ? pathname : rest];
+      }
+    }
+  }
+  const url = new URL(href);
+  return [url.pathname, url.pathname + url.search];
+}
+
+/** Path and query characters the URL parser never percent-encodes, drops or rewrites. */
+const PLAIN = /^\/[A-Za-z0-9\-._~!$&()*+,;=:@/?%[\]]*$/;
+/** A `.` or `..` segment (also percent-encoded), which the URL parser removes. */
+const DOT_SEGMENT = /(?:^|\/)(?:\.|%2e){1,2}(?:\/|$)/i;
+
+/**
+ * The Request the handler gets: the original's method, URL, headers and abort signal, with the
+ * body that was read. Made from the original Request itself, which copies its header list as
+ * is (no per-header validation) and follows its signal, as the spec's constructor does for a
+ * Request input; a Request of another implementation is rebuilt from its URL and headers.
+ */
+function innerRequest(request: Request, body: Buffer): Request {
+  const init: RequestInit = {
+    body: body.length > 0 || !["GET", "HEAD"].includes(request.method.toUpperCase()) ? body : undefined,
+  };
+  if (request instanceof Request) {
+    try {
+      return new Request(request, init);
+    } catch {
+      // Not this runtime's own Request after all: rebuilt below.
+    }
+  }
+  return new Request(request.url, { method: request.method, headers: request.headers, body: init.body, signal: request.signal });
+}
+
+/**
+ * A Response's bytes, as `arrayBuffer()` reads them (a used body throws its TypeError), read with
+ * the stream's own reader when it has one.
+ */
+async function responseBytes(response: Response): Promise<Buffer> {
+  const stream = response.body;
+  if (stream === null) return Buffer.alloc(0);
+  if (response.bodyUsed || stream.locked || typeof stream.getReader !== "function") {
+    return Buffer.from(await response.arrayBuffer());
+  }
+  return streamBytes(stream);
+}
+
+/**
+ * An unlocked stream's bytes to its end: what `arrayBuffer()` does, without its promise chain
+ * per step and, for the usual single chunk, without a copy (the chunk is the stream's own).
+ */
+async function streamBytes(stream: ReadableStream<Uint8Array>): Promise<Buffer> {
+  const reader = stream.getReader();
+  const chunks: Uint8Array[] = [];
+  let total = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    if (!(value instanceof Uint8Array)) throw new TypeError("Received non-Uint8Array chunk");
+    chunks.push(value);
+    total += value.byteLength;
+  }
+  if (chunks.length === 1) return Buffer.from(chunks[0]!.buffer, chunks[0]!.byteOffset, chunks[0]!.byteLength);
+  return Buffer.concat(chunks, total);
+}
+
+/** The Response of an answer (its Content-Length is the runtime's to set). */
+function responseOf(answer: Answer): Response {
+  const headers: Array<[string, string]> = [];
+  for (const pair of answer.headers) {
+    if (pair[0].toLowerCase() !== "content-length") headers.push(pair);
+  }
+  return new Response(answer.body.length > 0 ? answer.body : null, { status: answer.status, headers });
 }
