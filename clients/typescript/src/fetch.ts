@@ -15,8 +15,8 @@
  * handler, which follows the original's abort signal, and the Response it returns) and as
  * little else as it can: each Request, Response and body stream costs tens of microseconds in
  * Node's undici (docs/sdk.md), so bodies are read with a stream reader rather than
- * `arrayBuffer()`, the path comes from the URL string rather than a parsed `URL`, and the
- * handler's Request is made from the original rather than from its URL and copied headers.
+ * `arrayBuffer()`, and the handler's Request is made from the original rather than from its URL
+ * and copied headers.
  */
 import type { IdemdClient } from "./client";
 import type { HandlerContext, HeaderList } from "./executor";
@@ -29,14 +29,14 @@ export function withIdempotency(client: IdemdClient, options: IdempotencyOptions
   const middleware = new Middleware(client, options,
     "pass the Request to withIdempotency's wrapper before anything reads its body (request.json(), text(), arrayBuffer(), formData() or a reader of request.body)");
   return async (request: Request): Promise<Response> => {
-    const [path, target] = pathAndTarget(request.url);
+    const url = new URL(request.url);
     const requestHeaders = request.headers;
     const outcome = await handle(
       middleware,
       {
         method: request.method,
-        path,
-        target,
+        path: url.pathname,
+        target: url.pathname + url.search,
         header: (name) => requestHeaders.get(name) ?? undefined,
       },
       async (limit) => {
@@ -66,36 +66,6 @@ export function withIdempotency(client: IdemdClient, options: IdempotencyOptions
     return responseOf(outcome.answer);
   };
 }
-
-/**
- * `[pathname, pathname + search]` of a URL string, as `new URL(href)` gives them. A serialized
- * http(s) URL whose path and query hold only characters the URL parser leaves alone (and no dot
- * segment) is sliced; anything else (a foreign Request's unnormalized URL) is parsed.
- */
-export function pathAndTarget(href: string): [string, string] {
-  const start = href.startsWith("http://") ? 7 : href.startsWith("https://") ? 8 : -1;
-  const slash = start < 0 ? -1 : href.indexOf("/", start);
-  const hash = href.indexOf("#");
-  if (slash >= 0 && (hash < 0 || hash > slash)) {
-    const end = hash < 0 ? href.length : hash;
-    const rest = href.slice(slash, end);
-    if (PLAIN.test(rest)) {
-      const query = rest.indexOf("?");
-      const pathname = query < 0 ? rest : rest.slice(0, query);
-      if (!DOT_SEGMENT.test(pathname)) {
-        // URL's search is "" for a bare "?".
-        return [pathname, query < 0 || query === rest.length - 1 ? pathname : rest];
-      }
-    }
-  }
-  const url = new URL(href);
-  return [url.pathname, url.pathname + url.search];
-}
-
-/** Path and query characters the URL parser never percent-encodes, drops or rewrites. */
-const PLAIN = /^\/[A-Za-z0-9\-._~!$&()*+,;=:@/?%[\]]*$/;
-/** A `.` or `..` segment (also percent-encoded), which the URL parser removes. */
-const DOT_SEGMENT = /(?:^|\/)(?:\.|%2e){1,2}(?:\/|$)/i;
 
 /**
  * The Request the handler gets: the original's method, URL, headers and abort signal, with the
