@@ -11,10 +11,14 @@
 #   bench/scripts/middleware.sh                       # every framework
 #   FRAMEWORKS="nethttp express" DURATION=5s bench/scripts/middleware.sh
 #
-# Placement, as in `idemd-bench peers`: idemd and the app on core 0, wrk
-# on core 1 (2 cores here). Each app is started once per variant and warmed
-# up (WARMUP at 64 in flight) before its measured windows: a user's server
-# is long-running, and the JVM compiles its hot paths in the first seconds.
+# Placement: idemd and the app on one core, the one that services the
+# interrupts of the disk idemd's data directory is on (a latency-tuned
+# deployment keeps its store there; bench/scripts/disk-irq-cpu.py), wrk on
+# another (2 cores here). Each app is started once per variant, both
+# variants side by side, and warmed up (WARMUP at 64 in flight) before its
+# measured windows: a user's server is long-running, and the JVM compiles
+# its hot paths in the first seconds. At 1 in flight the variants take
+# turns (ROUNDS, below).
 # The apps and how each is built are in clients/<sdk>/bench/README.md; this
 # script builds them the same way.
 #
@@ -26,6 +30,14 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 DURATION=${DURATION:-10s}
+# At 1 in flight the two variants are measured in ROUNDS pairs of
+# ROUND_DURATION windows, alternating which goes first: cells of the two
+# minutes apart differed by up to 0.2 ms between runs with no code change
+# (the disk, the growing store), as much as the differences measured. The
+# paired rounds see the same drift; the median of their differences is what
+# a fresh key adds.
+ROUNDS=${ROUNDS:-3}
+ROUND_DURATION=${ROUND_DURATION:-5s}
 WARMUP=${WARMUP:-3s}
 # The JVM compiles its hot paths over the first ~30,000 requests
 # (clients/java/bench/README.md): a Java app gets a longer warm-up, then
@@ -33,10 +45,13 @@ WARMUP=${WARMUP:-3s}
 JAVA_WARMUP=${JAVA_WARMUP:-30s}
 FRAMEWORKS=${FRAMEWORKS:-"fastapi flask express fastify web nethttp spring jetty"}
 out_dir=${OUT_DIR:-$root/bench/results}
-# Cores: idemd, the app, wrk.
-IDEMD_CPU=${IDEMD_CPU:-0}
-APP_CPU=${APP_CPU:-0}
-WRK_CPU=${WRK_CPU:-1}
+# Cores: idemd on the one that takes its disk's interrupts (disk-irq-cpu.py:
+# a sync woken across cores cost ~0.08 ms more here), the app beside it,
+# wrk on another.
+irq_cpu=$("$here/disk-irq-cpu.py" /tmp 2>/dev/null || true)
+IDEMD_CPU=${IDEMD_CPU:-${irq_cpu:-0}}
+APP_CPU=${APP_CPU:-$IDEMD_CPU}
+WRK_CPU=${WRK_CPU:-$((IDEMD_CPU == 0 ? 1 : 0))}
 
 if ! command -v wrk >/dev/null 2>&1; then
     echo "middleware.sh: installing Debian's wrk package..." >&2
@@ -158,6 +173,12 @@ stop_app() {
     wait "$app_pid" 2>/dev/null || true
 }
 
+# Makes variant $1 (off|on) of the running framework the app that load,
+# settle_jit and stop_app act on.
+use_app() {
+    if [[ $1 == off ]]; then app_pid=$off_pid app_port=$off_port; else app_pid=$on_pid app_port=$on_port; fi
+}
+
 # wrk against the app: $1 connections (= requests in flight), $2 duration,
 # $3 fresh|replay, $4 run id. Prints the RESULT JSON.
 load() {
@@ -197,35 +218,63 @@ for framework in $FRAMEWORKS; do
     warmup=$WARMUP
     [[ $(sdk_of "$framework") == java ]] && warmup=$JAVA_WARMUP
 
+    # Both variants run side by side (the idle one costs nothing): the
+    # 1-in-flight windows alternate between them (see ROUNDS above).
     start_app "$framework" off
-    load 64 "$warmup" fresh "$run-warm0" >/dev/null
-    [[ $(sdk_of "$framework") == java ]] && settle_jit "$run-warm0"
-    jit_before=$(jit_ticks "$app_pid")
-    without=$(load 1 "$DURATION" fresh "$run-w1")
-    [[ $(sdk_of "$framework") == java ]] && jit_cells+=("$framework without $(jit_ms "$jit_before") ms")
-    row "$framework" "without" 1 "$without"
-    row "$framework" "without" 64 "$(load 64 "$DURATION" fresh "$run-w64")"
-    stop_app
-
+    off_pid=$app_pid off_port=$app_port
     start_app "$framework" on
-    load 64 "$warmup" fresh "$run-warm1" >/dev/null
-    [[ $(sdk_of "$framework") == java ]] && settle_jit "$run-warm1"
-    jit_before=$(jit_ticks "$app_pid")
-    fresh=$(load 1 "$DURATION" fresh "$run-f1")
-    [[ $(sdk_of "$framework") == java ]] && jit_cells+=("$framework fresh $(jit_ms "$jit_before") ms")
-    row "$framework" "fresh key" 1 "$fresh"
+    on_pid=$app_pid on_port=$app_port
+    for variant in off on; do
+        use_app "$variant"
+        load 64 "$warmup" fresh "$run-warm-$variant" >/dev/null
+        [[ $(sdk_of "$framework") == java ]] && settle_jit "$run-warm-$variant"
+    done
+    declare -A jit_ms_of=([off]=0 [on]=0)
+    paired=()
+    for round in $(seq 1 "$ROUNDS"); do
+        order="off on"
+        (( round % 2 == 0 )) && order="on off"
+        for variant in $order; do
+            use_app "$variant"
+            jit_before=$(jit_ticks "$app_pid")
+            paired+=("$variant $(load 1 "$ROUND_DURATION" fresh "$run-$variant-1-$round")")
+            jit_ms_of[$variant]=$(( ${jit_ms_of[$variant]} + $(jit_ms "$jit_before") ))
+        done
+    done
+    if [[ $(sdk_of "$framework") == java ]]; then
+        jit_cells+=("$framework without ${jit_ms_of[off]} ms" "$framework fresh ${jit_ms_of[on]} ms")
+    fi
+    # The round of median p50 of each variant stands for it in the table;
+    # what a fresh key adds is the median of the rounds' differences.
+    summary=$(printf '%s\n' "${paired[@]}" | python3 -c '
+import json, statistics, sys
+runs = {"off": [], "on": []}
+for line in sys.stdin:
+    variant, result = line.split(" ", 1)
+    runs[variant].append(json.loads(result))
+def median_run(rs):
+    return sorted(rs, key=lambda r: r["p50_ms"])[len(rs) // 2]
+adds = [on["p50_ms"] - off["p50_ms"] for off, on in zip(runs["off"], runs["on"])]
+print(json.dumps(median_run(runs["off"])))
+print(json.dumps(median_run(runs["on"])))
+print("+{:.2f} ms (rounds: {})".format(statistics.median(adds), ", ".join("{:+.2f}".format(a) for a in adds)))
+')
+    row "$framework" "without" 1 "$(sed -n 1p <<<"$summary")"
+    use_app off
+    row "$framework" "without" 64 "$(load 64 "$DURATION" fresh "$run-w64")"
+    row "$framework" "fresh key" 1 "$(sed -n 2p <<<"$summary")"
+    use_app on
     row "$framework" "fresh key" 64 "$(load 64 "$DURATION" fresh "$run-f64")"
     # One request at a time completes the 64 keys the replays use.
     load 1 1s replay "$run-r" >/dev/null
     row "$framework" "replay" 1 "$(load 1 "$DURATION" replay "$run-r")"
     row "$framework" "replay" 64 "$(load 64 "$DURATION" replay "$run-r")"
+    use_app off
+    stop_app
+    use_app on
     stop_app
 
-    added+=("$(python3 -c '
-import json,sys
-w=json.loads(sys.argv[2]); f=json.loads(sys.argv[3])
-print("{} +{:.2f} ms".format(sys.argv[1], f["p50_ms"]-w["p50_ms"]))
-' "$framework" "$without" "$fresh")")
+    added+=("$framework $(sed -n 3p <<<"$summary")")
 done
 
 echo
@@ -240,7 +289,7 @@ stamp=$(date -u +%Y-%m-%dT%H-%M-%SZ)
     echo "# Middleware load bench $stamp"
     echo
     echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), Linux $(uname -r)."
-    echo "idemd: $("$IDEMD_BIN" --version) (release, embedded store, \`--claim-rate 0 --max-in-flight 0\`); wrk $(wrk -v 2>&1 | head -n 1 | awk '{print $2}'), one thread; ${DURATION} per cell after ${WARMUP} of warm-up at 64 in flight (Java: ${JAVA_WARMUP}, then on in 5 s steps, at 64 and then at 1 in flight, until a step compiles for under 250 ms); idemd on core $IDEMD_CPU, the app on core $APP_CPU, wrk on core $WRK_CPU."
+    echo "idemd: $("$IDEMD_BIN" --version) (release, embedded store, \`--claim-rate 0 --max-in-flight 0\`); wrk $(wrk -v 2>&1 | head -n 1 | awk '{print $2}'), one thread; at 1 in flight ${ROUNDS} alternating rounds of ${ROUND_DURATION} per variant (the round of median p50 shown; what a fresh key adds: the median of the rounds' differences), ${DURATION} per cell otherwise, after ${WARMUP} of warm-up at 64 in flight (Java: ${JAVA_WARMUP}, then on in 5 s steps, at 64 and then at 1 in flight, until a step compiles for under 250 ms); idemd on core $IDEMD_CPU (the disk's interrupts: core ${irq_cpu:-unknown}), the app on core $APP_CPU, wrk on core $WRK_CPU."
     echo
     echo "| framework | variant | in flight | requests/s | p50 ms | p99 ms | p999 ms | socket errors / non-2xx |"
     echo "|---|---|---|---|---|---|---|---|"
@@ -251,4 +300,4 @@ stamp=$(date -u +%Y-%m-%dT%H-%M-%SZ)
         echo "JIT compiling during the 1-in-flight cells: ${jit_cells[*]}"
     fi
 } >"$out_dir/$stamp-middleware.md"
-echo "middleware.sh: wrote bench/results/$stamp-middleware.md"
+echo "middleware.sh: wrote $out_dir/$stamp-middleware.md"
