@@ -257,7 +257,7 @@ def median_run(rs):
 adds = [on["p50_ms"] - off["p50_ms"] for off, on in zip(runs["off"], runs["on"])]
 print(json.dumps(median_run(runs["off"])))
 print(json.dumps(median_run(runs["on"])))
-print("+{:.2f} ms (rounds: {})".format(statistics.median(adds), ", ".join("{:+.2f}".format(a) for a in adds)))
+print("{:+.2f} ms (rounds: {})".format(statistics.median(adds), ", ".join("{:+.2f}".format(a) for a in adds)))
 ')
     row "$framework" "without" 1 "$(sed -n 1p <<<"$summary")"
     use_app off
