@@ -4,11 +4,9 @@ when that cannot be told (not a block device with its own interrupt lines in /pr
 
 Why a bench needs it: a thread waiting in fdatasync is woken by the disk's completion
 interrupt; on another CPU than the one that interrupt lands on, the wake-up is a cross-CPU
-IPI, and in a VM (a vCPU halted while the thread waits) that costs most of a sync. On the
-2-core VM the benches run on, a pwrite + fdatasync loop pinned to the interrupt's CPU took
-p50 0.14 ms and pinned to the other 0.22 ms; idemd's Claim + Complete pair 0.87-0.89 ms
-against 1.02-1.06 ms. A latency-tuned deployment keeps the store and the disk's interrupts
-on the same CPUs (docs/operations.md), so the benches place idemd there.
+interrupt, which in a VM costs most of a sync (the figures: docs/deploy.md, "One node: the
+embedded store"). A latency-tuned deployment keeps the store on the interrupts' CPUs, so the
+benches place idemd there.
 
     disk-irq-cpu.py PATH
 """
