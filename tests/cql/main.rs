@@ -31,5 +31,6 @@ mod keys_cql;
 mod mixed_fleet_cql;
 mod pending_cql;
 mod proxy_cql;
+mod rollout_cql;
 mod round_trips_cql;
 mod store_cql;

@@ -9,14 +9,24 @@
 //! * every replica's sealer, in each advance of a tenant's watermark, copies
 //!   the entries due in the range it seals, before it advances
 //!   ([`LegacyIndex::follow`]), and adopts the tenants that only old
-//!   replicas have served (no cursor yet) by creating their cursor below
-//!   their recent entries ([`LegacyIndex::adopt_tenants`]).
+//!   replicas have served (no cursor yet): it copies their recent entries
+//!   due before `now - grace` and then creates their cursor there, as
+//!   `idemd migrate` does ([`LegacyIndex::adopt_tenants`]).
 //!
 //! The second is why a rolling upgrade needs no second `idemd migrate`: an
 //! old replica writes an entry at `t` due at `t + lease`, the sealer seals
 //! that instant only `grace` after it, and reads the range before it
 //! advances past it; so a claim an old replica left stale is listed at most
-//! `grace + step` after it became due, whenever it was written. Copies are
+//! `grace + step` after it became due, whenever it was written. For a
+//! tenant only old replicas serve, add the time until a replica adopts it:
+//! at most [`ADOPT_EVERY_MS`] after the old replicas wrote its first entry.
+//!
+//! Why adoption copies instead of placing the cursor at the start of the
+//! tenant's oldest recent day (what it did before): the sealer advances a
+//! watermark by at most 30 minutes a pass, so a cursor placed at midnight
+//! took one pass per half hour of the day to reach the stale claim, 36
+//! passes at 18:00 (issue 49); late in the day a tenant stayed unlisted for
+//! minutes, and every ListPending meanwhile walked the whole day's buckets. Copies are
 //! idempotent (same primary key). The follow costs one slice read per
 //! tenant per advance (one advance per 5 s for a busy tenant, per minute for
 //! an idle one, cluster-wide), of an empty partition once no old replica
@@ -50,8 +60,11 @@ const CONCURRENCY: usize = 16;
 const SLICE_MS: i64 = 60_000;
 
 /// How often a replica looks for tenants that only old replicas served: a
-/// scan of the old table's partition keys, cheap but not per step.
-const ADOPT_EVERY_MS: i64 = 600_000;
+/// scan of the old table's partition keys (two or three per tenant: one a
+/// day, TTL'd), cheap but not per step; the idle step's pace, so a tenant
+/// only old replicas serve waits at most a minute more than one a new
+/// replica serves (it was 10 minutes, which the docs did not say).
+const ADOPT_EVERY_MS: i64 = 60_000;
 
 /// What a copy did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -250,15 +263,25 @@ impl LegacyIndex {
             .copied)
     }
 
-    /// Every [`ADOPT_EVERY_MS`] (and on a replica's first pass): creates a
-    /// cursor for each tenant with a partition of the old table from
-    /// yesterday on and no cursor among `known`, with its watermark at the
-    /// start of the oldest such day, so that the sealer's follow reads that
-    /// tenant's recent entries from there. Returns the tenants adopted.
+    /// Every [`ADOPT_EVERY_MS`] (and on a replica's first pass): for each
+    /// tenant with a partition of the old table from yesterday on and no
+    /// cursor among `known`, copies its entries due from the start of the
+    /// oldest such day up to `now - grace`, then creates its cursor at
+    /// `now - grace` (the sealer's follow copies what is due from there
+    /// on). Returns the tenants adopted.
+    ///
+    /// Copy first, cursor second: a copy that fails leaves the tenant
+    /// without a cursor, so the next pass adopts it again (copies are
+    /// idempotent); the other order would leave a cursor above entries
+    /// nobody copied. Nothing due below the cursor can be written after the
+    /// copy read its range: an old replica writes an entry when it claims,
+    /// due a lease later, and the cursor is `grace` behind the instant the
+    /// copy began.
     pub(in crate::store::cql) async fn adopt_tenants(
         &self,
         session: &Session,
         known: &HashSet<String>,
+        grace_ms: i64,
         now_ms: i64,
     ) -> StoreResult<usize> {
         let last = self.adopted_at_ms.load(Ordering::Relaxed);
@@ -267,7 +290,7 @@ impl LegacyIndex {
         }
         let recent = day_of(now_ms) - 1;
         let mut oldest: std::collections::HashMap<String, i32> = Default::default();
-        // A failed scan is tried again on the next pass, not in 10 minutes.
+        // A failed scan is tried again on the next pass, not a minute later.
         let partitions = self.partitions(session).await?;
         for (tenant, day) in partitions {
             if day >= recent && !known.contains(&tenant) {
@@ -275,8 +298,11 @@ impl LegacyIndex {
                 *entry = (*entry).min(day);
             }
         }
+        let watermark = now_ms - grace_ms;
         for (tenant, day) in &oldest {
-            self.ensure_cursor(session, tenant, i64::from(*day) * DAY_MS, now_ms)
+            self.copy_range(session, tenant, i64::from(*day) * DAY_MS, watermark, now_ms)
+                .await?;
+            self.ensure_cursor(session, tenant, watermark, now_ms)
                 .await?;
         }
         self.adopted_at_ms.store(now_ms, Ordering::Relaxed);

@@ -165,7 +165,10 @@ impl PendingIndex {
         let mut cursors = self.all_cursors().await?;
         if let Some(legacy) = &self.legacy {
             let known = cursors.iter().map(|c| c.tenant.clone()).collect();
-            match legacy.adopt_tenants(&self.session, &known, now_ms).await {
+            match legacy
+                .adopt_tenants(&self.session, &known, self.timing.grace_ms, now_ms)
+                .await
+            {
                 Ok(0) => {}
                 Ok(adopted) => {
                     tracing::info!(
