@@ -52,6 +52,8 @@
 //!   stopped embedded store into a CQL keyspace.
 //! * [`clock`]: the time source, injectable so leases and TTLs are testable
 //!   without sleeping.
+//! * [`crash`]: the crash points the kill tests name (`IDEMD_CRASH_AT`):
+//!   where the CQL store's writes and `idemd restore`'s swap are cut.
 //! * [`proto`]: the generated protobuf and gRPC code.
 
 pub mod api;
@@ -60,6 +62,7 @@ pub mod auth;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod crash;
 pub mod crypto;
 pub mod engine;
 pub mod fingerprint;

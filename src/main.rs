@@ -14,11 +14,19 @@ use idemd::config::{Cli, Command, LogFormat, MigrateArgs, Settings};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Logs go to stderr. Colour (ANSI escapes) only when stderr is a terminal
+/// and `NO_COLOR` is unset or empty (no-color.org): day-two commands run
+/// as Jobs whose output lands in `kubectl logs` and files, where escape
+/// codes are noise (issue 50).
 fn init_logging(filter: &str, format: LogFormat) {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().flatten_event(true).init(),

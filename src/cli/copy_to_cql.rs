@@ -8,9 +8,10 @@
 //! second run writes nothing and finds every record present).
 //!
 //! Not a client of a running server like `audit` and `keys`: the source
-//! must have no owner (redb's lock; a running idemd is refused with "stop
-//! idemd first"), and the target is opened as `idemd --store cql` opens it,
-//! from the same flags and environment. Pages of records are read on a
+//! must have no owner (the data directory's owner lock,
+//! `store::embedded::owner`: a running idemd is refused, named), and the
+//! target is opened as `idemd --store cql` opens it, from the same flags
+//! and environment. Pages of records are read on a
 //! blocking thread and written by [`crate::store::transfer`], which owns
 //! what a copied record keeps and how conflicts are told apart from
 //! records an earlier run copied.
@@ -46,6 +47,7 @@ pub async fn run(args: &CopyToCqlArgs) -> Result<CopyReport, CliError> {
     let mut options = EmbeddedOptions::new(settings.data_dir.clone());
     options.cache_bytes = settings.store_cache_bytes;
     options.keyring = keyring.clone();
+    options.role = "idemd copy-to-cql";
     let source = tokio::task::spawn_blocking(move || export::open_stopped(&options))
         .await
         .map_err(|e| CliError::Failed(format!("the store's open stopped: {e}")))?

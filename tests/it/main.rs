@@ -30,6 +30,7 @@ mod store_conformance;
 
 mod audit_embedded;
 mod concurrency;
+mod day_two;
 mod docs;
 mod encryption;
 mod grpc_embedded;

@@ -156,7 +156,11 @@ fn a_second_process_on_the_same_data_dir_refuses_to_start() {
     let output = idemd_command(dir.path(), &[]).output().expect("run second");
     assert!(!output.status.success(), "second owner must fail");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("already open"), "says why: {stderr}");
+    let pid = first.child.id();
+    assert!(
+        stderr.contains(&format!("in use by idemd serve (pid {pid},")),
+        "says why, naming the first: {stderr}"
+    );
     kill9(first);
 }
 

@@ -100,7 +100,7 @@ async fn one_owner_per_file() {
     let _owner = EmbeddedStore::open(&EmbeddedOptions::new(dir.path())).expect("open");
     match EmbeddedStore::open(&EmbeddedOptions::new(dir.path())) {
         Err(StoreError::Unavailable(message)) => {
-            assert!(message.contains("already open"), "{message}")
+            assert!(message.contains("has one owner"), "{message}")
         }
         other => panic!("second owner must be refused, got {other:?}"),
     }

@@ -34,7 +34,7 @@
 //! two leaves an extra entry (verified against `records` and dropped by
 //! readers), never a missing one
 //! (`a_crash_between_two_writes_never_hides_a_claim_from_list_pending` kills
-//! idemd at each `crash` point). So:
+//! idemd at each [`crate::crash`] point). So:
 //!
 //! * Claim: the index entry (a plain write), then `INSERT … IF NOT EXISTS`,
 //!   which returns the row it did not replace, so no read comes first
@@ -59,7 +59,6 @@
 //! Nothing correctness-critical lives in one replica's memory, so any number
 //! of idemd replicas can share a keyspace.
 
-mod crash;
 pub mod migrate;
 mod pending;
 mod records;
@@ -78,8 +77,8 @@ use super::{
     CasOutcome, Expected, InsertOutcome, PendingCounts, PendingPage, PendingQuery, Record,
     RecordKey, RecordState, Store, StoreError, StoreResult,
 };
+use crate::crash::crash_point;
 use crate::crypto::Keyring;
-use crash::crash_point;
 use pending::PendingIndex;
 pub use pending::legacy::LegacyReport;
 pub use pending::{BUCKET_MS, SHARDS, SealReport, SealTiming};

@@ -25,11 +25,15 @@
 //!
 //! # Restore
 //!
-//! Offline (the store has one owner): the backup is copied beside the data
-//! directory's files, opened with every page and block checked, its records
-//! counted against its manifest, and only then moved into place; the files
-//! it replaces (and the old write-ahead log, whose frames belong to the
-//! old file) are moved into a `replaced-<time>` directory, never deleted.
+//! Offline: the restore takes the data directory's owner lock
+//! ([`super::owner`]) first, so it is refused while idemd (or anything else)
+//! has the directory. The backup is copied beside the data directory's
+//! files, opened with every page and block checked, its records counted
+//! against its manifest, and only then moved into place by a journaled
+//! swap ([`super::swap`]: a kill at any step leaves the old store or the
+//! restored one); the files it replaces (and the old write-ahead log,
+//! whose frames belong to the old file) are moved into a `replaced-<time>`
+//! directory, never deleted.
 
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -38,9 +42,12 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
 use super::blocks::{Blocks, SUMS_FILE, VerifiedFile};
 use super::fold::Overlay;
+use super::owner::DirOwner;
+use super::swap::{self, STAGING_DIR, Swap, is_store_file, list, sync_dir};
 use super::tables::{EXPIRY, PENDING, RECORDS, RedbTables, record_seq};
 use super::wal::LogTable;
 use super::{DATABASE_FILE, EmbeddedOptions, EmbeddedStore, storage_error};
+use crate::crash::crash_point;
 use crate::store::{BackupSummary, Store, StoreError, StoreResult};
 
 /// The manifest of a backup, beside its files.
@@ -177,7 +184,8 @@ pub struct RestoreSummary {
 }
 
 /// Restores the backup in `from` into `options.data_dir` (see the module
-/// docs); refuses a data directory that holds a store unless `replace`.
+/// docs); refuses a data directory that holds a store unless `replace`,
+/// and one another process owns (a serving idemd) whatever `replace` says.
 pub async fn restore(
     from: &Path,
     options: &EmbeddedOptions,
@@ -186,21 +194,22 @@ pub async fn restore(
     let started = Instant::now();
     let manifest = read_manifest(from)?;
     let data_dir = &options.data_dir;
-    std::fs::create_dir_all(data_dir)
-        .map_err(|e| storage_error(&format!("cannot create {}", data_dir.display()), e))?;
-    let existing: Vec<PathBuf> = list(data_dir)?
-        .into_iter()
-        .filter(|path| is_store_file(path))
-        .collect();
-    if !existing.is_empty() && !replace {
+    // Before anything in the directory is read or moved, and held to the
+    // end: a serving idemd, a copy-to-cql or another restore is refused.
+    let _owner = DirOwner::acquire(data_dir, "idemd restore")?;
+    // A restore killed during its swap is finished before this one looks at
+    // what the directory holds.
+    swap::finish_interrupted(data_dir)?;
+    let existing = list(data_dir)?.into_iter().any(|path| is_store_file(&path));
+    if existing && !replace {
         return Err(StoreError::Unavailable(format!(
-            "{} already holds a store; stop idemd and pass --replace to move its files aside (they are kept in a replaced-<time> directory)",
+            "{} already holds a store; pass --replace to move its files aside (they are kept in a replaced-<time> directory)",
             data_dir.display()
         )));
     }
     // Checked where it will be served from: a copy in the data directory's
     // file system, opened with every page and block read.
-    let staging = data_dir.join(".restoring");
+    let staging = data_dir.join(STAGING_DIR);
     if staging.exists() {
         std::fs::remove_dir_all(&staging)
             .map_err(|e| storage_error("cannot clear an earlier unfinished restore", e))?;
@@ -209,9 +218,11 @@ pub async fn restore(
     for name in [DATABASE_FILE, SUMS_FILE] {
         copy_synced(&from.join(name), &staging.join(name))?;
     }
+    crash_point("restore-staged");
     let mut check = EmbeddedOptions::new(&staging);
     check.keyring = options.keyring.clone();
     check.scrub.rate = 0;
+    check.role = "idemd restore (checking the copy)";
     let records = verify(check).await?;
     if records != manifest.records {
         return Err(StoreError::Corrupt(format!(
@@ -220,30 +231,12 @@ pub async fn restore(
             manifest.records
         )));
     }
-    // The old files, the old log included (its frames belong to the old
-    // file), are moved aside: a restore never deletes what it replaces.
-    let replaced = if existing.is_empty() {
-        None
-    } else {
-        let aside = data_dir.join(format!("replaced-{}", unix_ms()));
-        std::fs::create_dir_all(&aside)
-            .map_err(|e| storage_error("cannot move the replaced store aside", e))?;
-        for path in &existing {
-            if let Some(name) = path.file_name() {
-                std::fs::rename(path, aside.join(name))
-                    .map_err(|e| storage_error("cannot move the replaced store aside", e))?;
-            }
-        }
-        Some(aside)
-    };
-    for path in list(&staging)? {
-        if let Some(name) = path.file_name() {
-            std::fs::rename(&path, data_dir.join(name))
-                .map_err(|e| storage_error("cannot move the restored store into place", e))?;
-        }
-    }
-    sync_dir(data_dir)?;
-    std::fs::remove_dir_all(&staging).map_err(|e| storage_error("cannot remove the staging", e))?;
+    sync_dir(&staging)?;
+    crash_point("restore-checked");
+    // The old files, the old log included, are moved aside: a restore
+    // never deletes what it replaces. The swap is journaled: a kill at any
+    // step leaves the old store or the restored one (`swap`).
+    let replaced = Swap::run(data_dir, &format!("replaced-{}", unix_ms()))?;
     Ok(RestoreSummary {
         backup: manifest,
         records,
@@ -272,27 +265,6 @@ pub(super) fn record_count(database: &Database) -> StoreResult<u64> {
         .open_table(RECORDS)
         .map_err(|e| storage_error("open", e))?;
     records.len().map_err(|e| storage_error("read", e))
-}
-
-/// Whether `path` is one of a store's files (database, checksums, log).
-fn is_store_file(path: &Path) -> bool {
-    path.file_name()
-        .and_then(|name| name.to_str())
-        .is_some_and(|name| {
-            name == DATABASE_FILE || name == SUMS_FILE || name.starts_with("idemd.wal")
-        })
-}
-
-fn list(dir: &Path) -> StoreResult<Vec<PathBuf>> {
-    let entries = std::fs::read_dir(dir)
-        .map_err(|e| storage_error(&format!("cannot list {}", dir.display()), e))?;
-    entries
-        .map(|entry| {
-            entry
-                .map(|entry| entry.path())
-                .map_err(|e| storage_error(&format!("cannot list {}", dir.display()), e))
-        })
-        .collect()
 }
 
 /// Creates `out` (and its parents), which must not exist or be empty.
@@ -335,12 +307,6 @@ fn copy_synced(from: &Path, to: &Path) -> StoreResult<()> {
     std::fs::File::open(to)
         .and_then(|file| file.sync_all())
         .map_err(|e| storage_error(&context(), e))
-}
-
-fn sync_dir(dir: &Path) -> StoreResult<()> {
-    std::fs::File::open(dir)
-        .and_then(|file| file.sync_all())
-        .map_err(|e| storage_error(&format!("cannot sync {}", dir.display()), e))
 }
 
 fn unix_ms() -> i64 {

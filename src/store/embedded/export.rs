@@ -15,9 +15,10 @@
 //! expired record is absent for every method of the store, so it is absent
 //! here too.
 //!
-//! The store must be stopped: redb's file lock allows one owner, and
-//! [`open_stopped`] reports a store another process holds as
-//! [`OpenError::Held`] rather than waiting or reading under a live writer.
+//! The store must be stopped: the data directory has one owner
+//! ([`super::owner`]), and [`open_stopped`] reports a directory another
+//! process owns as [`OpenError::Held`] rather than waiting or reading under
+//! a live writer.
 //!
 //! # Memory
 //!
@@ -31,11 +32,10 @@ use std::iter::Peekable;
 use std::ops::Bound;
 use std::path::PathBuf;
 
-use redb::Database;
-
 use super::failure::storage_error;
+use super::owner::{DirOwner, OwnerError};
 use super::tables::{RECORDS, decode_loaded};
-use super::{EmbeddedOptions, EmbeddedStore, codec, wal, without_panics};
+use super::{EmbeddedOptions, EmbeddedStore, codec, wal};
 use crate::store::{Record, StoreError, StoreResult};
 
 /// Entries of the `records` table read per page: a page of records of
@@ -56,31 +56,33 @@ pub enum OpenError {
     /// opening would create an empty store there, hiding a wrong path).
     #[error("{} does not exist: no embedded store in this data directory", .0.display())]
     Missing(PathBuf),
-    /// Another process holds the file: a running idemd.
-    #[error("{} is held by another process: stop idemd first (the store is copied while no one writes to it)", .0.display())]
-    Held(PathBuf),
+    /// Another process owns the data directory (a running idemd): the
+    /// owner lock's message, naming it.
+    #[error("{0} (the store is copied while no one writes to it)")]
+    Held(String),
     /// The store failed to open (damaged file, unreadable log, ...).
     #[error(transparent)]
     Store(#[from] StoreError),
 }
 
-/// Opens a stopped store for export: refuses a missing file and a file
-/// another process holds, then opens it as idemd's start would (replaying
-/// the log's tail). Blocking: call it off the async threads.
+/// Opens a stopped store for export: refuses a missing file, then opens
+/// it as idemd's start would (the directory's owner lock taken, the log's
+/// tail replayed); a directory another process owns is
+/// [`OpenError::Held`]. Blocking: call it off the async threads.
 pub fn open_stopped(options: &EmbeddedOptions) -> Result<EmbeddedStore, OpenError> {
     let path = EmbeddedStore::database_path(&options.data_dir);
     if !path.is_file() {
         return Err(OpenError::Missing(path));
     }
-    // The store's own open reports a held lock like any other storage
-    // error; redb names it, so ask redb first (the handle is dropped
-    // before the real open, which takes the lock for the export).
-    let probe = without_panics(&path, || Database::builder().open(&path))?;
-    // Any other outcome is the store's open to judge and word.
-    if let Err(redb::DatabaseError::DatabaseAlreadyOpen) = probe {
-        return Err(OpenError::Held(path));
+    // The owner lock first, on its own, to tell a held directory from any
+    // other failure of the open (the open takes it again, once this one is
+    // released: nothing else can take it in between without being refused
+    // the same way by the open).
+    match DirOwner::acquire(&options.data_dir, options.role) {
+        Ok(owner) => drop(owner),
+        Err(OwnerError::Held(held)) => return Err(OpenError::Held(held)),
+        Err(other) => return Err(OpenError::Store(other.into())),
     }
-    drop(probe);
     Ok(EmbeddedStore::open(options)?)
 }
 
@@ -311,7 +313,10 @@ mod tests {
         let held = open_stopped(&options(dir.path()));
         assert!(matches!(held, Err(OpenError::Held(_))), "{held:?}");
         let message = held.err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(message.contains("stop idemd first"), "{message}");
+        assert!(
+            message.contains("in use by idemd serve") && message.contains("stop it first"),
+            "{message}"
+        );
         running.close().await.expect("close");
         drop(running);
         assert!(

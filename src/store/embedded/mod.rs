@@ -2,9 +2,11 @@
 //!
 //! # Envelope
 //!
-//! * One process owns the file: redb takes an exclusive lock when it opens
-//!   it, and a second idemd pointed at the same `--data-dir` refuses to start.
-//!   This backend is for a single replica; use the CQL backend to scale out.
+//! * One process owns the data directory ([`owner`]: a lock held for the
+//!   process's life, as PostgreSQL's `postmaster.pid`): a second idemd, a
+//!   restore or a copy pointed at the same `--data-dir` is refused, naming
+//!   the holder. This backend is for a single replica; use the CQL backend
+//!   to scale out.
 //! * An acknowledged write survives `kill -9` and power loss: before any
 //!   reply, the batch's changes are appended to a write-ahead log and
 //!   `fdatasync`ed (see [`wal`]); the redb file itself is made durable by
@@ -103,8 +105,10 @@ mod failure;
 mod fold;
 pub(crate) mod group;
 mod overlay;
+pub mod owner;
 mod recovery;
 mod stages;
+pub mod swap;
 mod tables;
 #[cfg(test)]
 mod tests;
@@ -132,6 +136,7 @@ use failure::{Failures, damaged_because, without_panics};
 use fold::Overlay;
 use group::GroupCommit;
 use overlay::{MergedKeys, redb_keys};
+use owner::DirOwner;
 use tables::Operation;
 use tables::{
     CasReply, EXPIRY, InsertReply, Loaded, META, PENDING, RECORDS, decode_loaded, overlay_keys,
@@ -179,6 +184,10 @@ pub struct EmbeddedOptions {
     pub keyring: Option<Arc<Keyring>>,
     /// Pace of the background check of every block ([`blocks`]).
     pub scrub: ScrubOptions,
+    /// Who opens the store, written into the directory's owner file
+    /// ([`owner`]) so that a process refused the directory is told who
+    /// holds it.
+    pub role: &'static str,
 }
 
 impl EmbeddedOptions {
@@ -189,6 +198,7 @@ impl EmbeddedOptions {
             cache_bytes: DEFAULT_CACHE_BYTES,
             keyring: None,
             scrub: ScrubOptions::default(),
+            role: "idemd serve",
         }
     }
 }
@@ -216,6 +226,10 @@ pub struct EmbeddedStore {
     /// Why the open checked the whole file, if it did (the growth bench
     /// and the tests tell a start that read the file from one that did not).
     full_check: Option<String>,
+    /// The data directory's owner lock, held as long as the store: no
+    /// restore, copy or second server touches the directory meanwhile.
+    /// Last, so it is released after everything above closed the files.
+    _owner: DirOwner,
 }
 
 impl std::fmt::Debug for EmbeddedStore {
@@ -246,12 +260,10 @@ impl EmbeddedStore {
         before_checkpoint: BeforeCheckpoint,
         check_all: bool,
     ) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(&options.data_dir).map_err(|e| {
-            storage_error(
-                &format!("cannot create data dir {}", options.data_dir.display()),
-                e,
-            )
-        })?;
+        // The directory first (it is created if missing), then a restore a
+        // kill interrupted is finished, before any file of it is read.
+        let owner = DirOwner::acquire(&options.data_dir, options.role)?;
+        swap::finish_interrupted(&options.data_dir)?;
         let path = options.data_dir.join(DATABASE_FILE);
         // Every read redb makes is checked against the block checksums
         // ([`blocks`]), so an open reads only what it touches; the whole
@@ -389,6 +401,7 @@ impl EmbeddedStore {
             blocks,
             scrubber: Mutex::new(scrubber),
             full_check,
+            _owner: owner,
         })
     }
 

@@ -30,11 +30,11 @@ use futures::future::join_all;
 use scylla::response::PagingState;
 use scylla::value::CqlValue;
 
-use super::super::crash::crash_point_in;
 use super::super::records::Records;
 use super::super::session::{rows, ttl_seconds, unavailable};
 use super::entry::{EntryVerdict, bucket_of, classify_entry, shard_of};
 use super::{BUCKET_MS, PendingIndex, SHARDS};
+use crate::crash::crash_point_in;
 use crate::store::{PendingCounts, RecordKey, Store, StoreError, StoreResult, count_pending};
 
 /// How often the sealer recounts a tenant's pending records (the gauges'
