@@ -25,6 +25,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{CopyToCqlArgs, Settings, StoreSettings};
 use crate::store::cql::CqlStore;
 use crate::store::embedded::export::{self, Export, OpenError};
+use crate::store::embedded::moved::MovedMarker;
 use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::store::transfer::{self, CopyOptions, CopyReport};
 use crate::store::{Record, Store, StoreResult};
@@ -79,22 +80,38 @@ pub async fn run(args: &CopyToCqlArgs) -> Result<CopyReport, CliError> {
         |report| eprintln!("{}", progress_line(report, total)),
     )
     .await;
-    // Nothing was written to the source: closing it only stops its threads.
-    let _ = source.close().await;
     let _ = target.close().await;
-    let report = copied.map_err(|e| {
-        CliError::Failed(format!(
-            "copy stopped: {e}; what was written stays, run the command again to resume"
-        ))
-    })?;
+    let report = match copied {
+        Ok(report) => report,
+        Err(e) => {
+            let _ = source.close().await;
+            return Err(CliError::Failed(format!(
+                "copy stopped: {e}; what was written stays, run the command again to resume"
+            )));
+        }
+    };
     println!("{}", summary(&report));
     if report.conflicts > 0 {
+        let _ = source.close().await;
         return Err(CliError::Refused(format!(
             "{} keys are held in the target by a different record and were not copied (first: {}); the target was written by something else than this copy: check it before starting idemd on it",
             report.conflicts,
             report.conflict_keys.join("; ")
         )));
     }
+    // Every live record is in the keyspace: the embedded store is marked as
+    // moved (store::embedded::moved) while this process still owns it, so
+    // an embedded idemd started on it later refuses, naming the keyspace.
+    // Nothing else was written to the source: closing it only stops its
+    // threads.
+    let marked = MovedMarker::now(&cql.keyspace, &cql.nodes).write(&settings.data_dir);
+    let _ = source.close().await;
+    marked.map_err(failed("mark the embedded store as moved"))?;
+    eprintln!(
+        "{} is marked as moved to keyspace {}: `idemd serve` refuses it from now on (--allow-moved-store to roll back before the cluster takes writes)",
+        settings.data_dir.display(),
+        cql.keyspace
+    );
     Ok(report)
 }
 

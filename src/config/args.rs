@@ -512,6 +512,20 @@ pub struct ServerArgs {
         action = clap::ArgAction::Set
     )]
     pub allow_unauthenticated_remote: bool,
+    /// Embedded store: serve a data directory that `idemd copy-to-cql`
+    /// marked as moved to a CQL keyspace (a rollback before the cluster
+    /// took its first write); the mark is removed. Without it such a
+    /// directory is refused, naming the keyspace.
+    #[arg(
+        long,
+        env = "IDEMD_ALLOW_MOVED_STORE",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        num_args = 0..=1,
+        default_value_t = false,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub allow_moved_store: bool,
     /// TOML file with default and per-endpoint policies.
     #[arg(long, env = "IDEMD_CONFIG")]
     pub config: Option<PathBuf>,

@@ -226,6 +226,9 @@ pub struct Settings {
     /// served: an explicit opt-out of protected mode, because without
     /// credentials any caller that reaches the port picks its tenant.
     pub allow_unauthenticated_remote: bool,
+    /// Embedded store: serve a directory marked as moved to a CQL keyspace
+    /// (`store::embedded::moved`), removing the mark; off refuses it.
+    pub allow_moved_store: bool,
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter.
@@ -269,6 +272,7 @@ impl Settings {
             data_dir: data_dir.into(),
             auth_tokens: None,
             allow_unauthenticated_remote: DEFAULT_ALLOW_UNAUTHENTICATED_REMOTE,
+            allow_moved_store: false,
             log_format: LogFormat::Human,
             log: DEFAULT_LOG.to_string(),
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
@@ -359,6 +363,7 @@ impl Settings {
             data_dir: args.data_dir.clone(),
             auth_tokens: args.auth_tokens.clone(),
             allow_unauthenticated_remote: args.allow_unauthenticated_remote,
+            allow_moved_store: args.allow_moved_store,
             log_format: args.log_format,
             log: args.log.clone(),
             drain_timeout: args.drain_timeout.into(),

@@ -33,6 +33,7 @@ use crate::proto::v1 as pb;
 use crate::reload::{ReloadEvents, Reloader};
 use crate::store::Store;
 use crate::store::cql::CqlStore;
+use crate::store::embedded::moved::MovedMarker;
 use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::store::instrumented::InstrumentedStore;
 use crate::tls::TlsServer;
@@ -220,6 +221,17 @@ async fn open_store_with(
 ) -> Result<Arc<dyn Store>, ServerError> {
     match &settings.store {
         StoreSettings::Embedded => {
+            // A store `idemd copy-to-cql` moved is refused unless told
+            // (store::embedded::moved): its keys live in the cluster now.
+            if let Some(mark) =
+                MovedMarker::before_serving(&settings.data_dir, settings.allow_moved_store)?
+            {
+                tracing::warn!(
+                    keyspace = %mark.keyspace,
+                    moved_at = %mark.moved_at,
+                    "serving an embedded store that was moved to a CQL keyspace (--allow-moved-store); its mark is removed"
+                );
+            }
             let mut options = EmbeddedOptions::new(settings.data_dir.clone());
             options.cache_bytes = settings.store_cache_bytes;
             options.scrub = settings.store_scrub;

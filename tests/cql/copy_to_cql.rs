@@ -170,7 +170,10 @@ async fn a_moved_store_replays_keeps_leases_and_pending_and_a_rerun_copies_nothi
     // Refused while the server owns the store.
     let running = copy(old.dir.path(), &keys).await;
     match &running {
-        Err(CliError::Usage(message)) => assert!(message.contains("stop idemd first"), "{message}"),
+        Err(CliError::Usage(message)) => assert!(
+            message.contains("in use by") && message.contains("stop it first"),
+            "{message}"
+        ),
         other => panic!("expected a refusal, got {other:?}"),
     }
 
@@ -192,6 +195,18 @@ async fn a_moved_store_replays_keeps_leases_and_pending_and_a_rerun_copies_nothi
         (again.read, again.copied, again.present, again.conflicts),
         (5, 0, 5, 0),
         "a rerun finds every record copied: {again:?}"
+    );
+    // The copied store is marked: an embedded server on it is refused,
+    // naming the keyspace (a rerun of the copy is not).
+    let mark = idemd::store::embedded::moved::MovedMarker::read(dir.path())
+        .expect("read the mark")
+        .expect("marked as moved");
+    assert_eq!(mark.keyspace, TEST_KEYSPACE);
+    let refused = idemd::server::open_store(&test_settings(dir.path())).await;
+    let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        message.contains(&format!("moved to the CQL keyspace {TEST_KEYSPACE}")),
+        "{message}"
     );
 
     // The new deployment: the CQL store, the same keyring.

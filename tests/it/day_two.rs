@@ -267,3 +267,39 @@ async fn logs_into_a_pipe_carry_no_colour() {
     assert!(!log.is_empty(), "the server logged");
     assert!(!log.contains('\u{1b}'), "escape codes in a pipe: {log:?}");
 }
+
+/// A data directory `idemd copy-to-cql` marked as moved (the mark written
+/// by the same code the copy runs) is refused by `idemd serve`, naming the
+/// keyspace; `--allow-moved-store` serves it (a rollback), its keys as they
+/// were, and removes the mark. Fails without the check: the old store
+/// serves and grants keys the cluster completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_moved_to_cql_is_refused_unless_allowed() {
+    use idemd::store::embedded::moved::{MOVED_FILE, MovedMarker};
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let data = scratch.path().join("data");
+    let server = spawn(&data, &[]);
+    acknowledge(server.addr, "a").await;
+    kill9(server);
+    MovedMarker::now("idemd_prod", &["scylla-1.db.internal:9142".to_string()])
+        .write(&data)
+        .expect("mark");
+
+    let refused = idemd(
+        &["--listen", "127.0.0.1:0", "--log-format", "json"],
+        &[("--data-dir", &data)],
+        &[],
+    );
+    assert!(!refused.status.success(), "a moved store served");
+    assert!(
+        stderr(&refused).contains("moved to the CQL keyspace idemd_prod")
+            && stderr(&refused).contains("--allow-moved-store"),
+        "{}",
+        stderr(&refused)
+    );
+
+    let rollback = spawn(&data, &["--allow-moved-store"]);
+    assert_eq!(claim_outcome(rollback.addr, "a").await.0, "replayed");
+    assert!(!data.join(MOVED_FILE).exists(), "the mark is removed");
+    kill9(rollback);
+}

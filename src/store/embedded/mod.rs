@@ -104,6 +104,7 @@ pub mod export;
 mod failure;
 mod fold;
 pub(crate) mod group;
+pub mod moved;
 mod overlay;
 pub mod owner;
 mod recovery;

@@ -1,0 +1,127 @@
+//! The mark a finished `idemd copy-to-cql` leaves in the embedded store's
+//! data directory: this store moved to a CQL keyspace, at this time.
+//!
+//! Why: after the cut-over the cluster takes the writes. An embedded idemd
+//! started on the old volume afterwards (a `helm rollback`, a forgotten
+//! replica, the old manifest applied again) would not know the keys the
+//! cluster completed since, and would grant them again: a double
+//! execution nobody asked for (issue 50). So `idemd serve` refuses a data
+//! directory with this mark, naming the keyspace, unless started with
+//! `--allow-moved-store` — the rollback the docs describe, for before the
+//! cluster took its first write — which logs the mark and removes it (the
+//! store is live again; a later copy marks it again).
+//!
+//! A restore does not remove the mark: a backup restored into a moved
+//! directory is as stale as the store it replaces. `idemd copy-to-cql`
+//! runs on a marked store (to resume or to check a copy).
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::storage_error;
+use super::swap::sync_dir;
+use crate::store::{StoreError, StoreResult};
+
+/// The mark's file in the data directory.
+pub const MOVED_FILE: &str = "moved.json";
+
+/// Where the store went.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MovedMarker {
+    /// The keyspace the records were copied into.
+    pub keyspace: String,
+    /// The contact points the copy wrote through, as given.
+    pub cql_nodes: Vec<String>,
+    /// When the copy finished (RFC 3339, UTC).
+    pub moved_at: String,
+}
+
+impl MovedMarker {
+    /// A mark for a copy into `keyspace` through `cql_nodes`, finished now.
+    pub fn now(keyspace: &str, cql_nodes: &[String]) -> Self {
+        Self {
+            keyspace: keyspace.to_string(),
+            cql_nodes: cql_nodes.to_vec(),
+            moved_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        }
+    }
+
+    /// Writes the mark into `data_dir`, durably (a temporary file renamed
+    /// over it, the directory synced).
+    pub fn write(&self, data_dir: &Path) -> StoreResult<()> {
+        let text = serde_json::to_vec_pretty(self)
+            .map_err(|e| storage_error("cannot write the moved mark", e))?;
+        let temporary = data_dir.join(format!("{MOVED_FILE}.tmp"));
+        let write = || -> std::io::Result<()> {
+            std::fs::write(&temporary, &text)?;
+            std::fs::File::open(&temporary)?.sync_all()?;
+            std::fs::rename(&temporary, data_dir.join(MOVED_FILE))
+        };
+        write().map_err(|e| storage_error("cannot write the moved mark", e))?;
+        sync_dir(data_dir)
+    }
+
+    /// The mark in `data_dir`, if there is one.
+    pub fn read(data_dir: &Path) -> StoreResult<Option<Self>> {
+        let path = data_dir.join(MOVED_FILE);
+        match std::fs::read(&path) {
+            Ok(text) => serde_json::from_slice(&text).map(Some).map_err(|e| {
+                StoreError::Corrupt(format!(
+                    "{} cannot be read ({e}); it marks a store moved to a CQL keyspace",
+                    path.display()
+                ))
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(storage_error("cannot read the moved mark", e)),
+        }
+    }
+
+    /// What `idemd serve` decides before it opens `data_dir`: refuses a
+    /// marked store unless `allow`; with `allow`, removes the mark and
+    /// returns it (for the start-up log).
+    pub fn before_serving(data_dir: &Path, allow: bool) -> StoreResult<Option<Self>> {
+        let Some(mark) = Self::read(data_dir)? else {
+            return Ok(None);
+        };
+        if !allow {
+            return Err(StoreError::Unavailable(format!(
+                "{} was moved to the CQL keyspace {} (nodes {}) at {} by `idemd copy-to-cql`: serving it again would grant keys the cluster completed since; serve the keyspace (--store cql), or, to roll back before the cluster took its first write, start with --allow-moved-store",
+                data_dir.display(),
+                mark.keyspace,
+                mark.cql_nodes.join(","),
+                mark.moved_at
+            )));
+        }
+        std::fs::remove_file(data_dir.join(MOVED_FILE))
+            .map_err(|e| storage_error("cannot remove the moved mark", e))?;
+        sync_dir(data_dir)?;
+        Ok(Some(mark))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A marked directory is refused naming the keyspace; allowed once, the
+    /// mark is gone. Fails without the check.
+    #[test]
+    fn a_moved_store_is_refused_unless_allowed() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        assert_eq!(
+            MovedMarker::before_serving(dir.path(), false).expect("no mark"),
+            None
+        );
+        let mark = MovedMarker::now("idemd_prod", &["scylla-1:9042".to_string()]);
+        mark.write(dir.path()).expect("write");
+        let refused = MovedMarker::before_serving(dir.path(), false).expect_err("refused");
+        assert!(
+            refused.to_string().contains("CQL keyspace idemd_prod"),
+            "{refused}"
+        );
+        let allowed = MovedMarker::before_serving(dir.path(), true).expect("allowed");
+        assert_eq!(allowed, Some(mark));
+        assert_eq!(MovedMarker::read(dir.path()).expect("read"), None);
+    }
+}
