@@ -55,7 +55,7 @@ use harness::report::{Profile, Report};
 use harness::run::Setup;
 use harness::workload::Load;
 use plumbing::cluster::{Cluster, ClusterSpec, Placement};
-use scenarios::{cql, embedded, partition, skew};
+use scenarios::{cql, embedded, partition, restore, skew};
 
 /// Command line of `idemd-faults`.
 #[derive(Debug, Parser)]
@@ -68,7 +68,7 @@ struct Args {
     #[arg(long)]
     idemd_bin: PathBuf,
     /// Only these scenarios (kill9, pause, torn-wal, corrupt-page,
-    /// damage-unscrubbed, backup-restore, full-disk, cql-node-kill, cql-node-pause, cql-quorum-loss,
+    /// damage-unscrubbed, backup-restore, restore-guard, full-disk, cql-node-kill, cql-node-pause, cql-quorum-loss,
     /// cql-cluster-restart, cql-clock-skew, cql-mixed-fleet, cql-partition-node, cql-partition-dc,
     /// cql-partition-replica, cql-partition-split; of the CQL ones the
     /// short profile runs the clock skew and the partitions).
@@ -185,6 +185,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if wanted("backup-restore") {
         report(embedded::backup_restore(&setup).await?);
+    }
+    if wanted("restore-guard") {
+        report(restore::restore_guard(&setup).await?);
     }
     if wanted("full-disk") {
         let rounds = match args.profile {

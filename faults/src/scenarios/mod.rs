@@ -5,6 +5,8 @@
 //!
 //! * `embedded`: one idemd on the embedded store: kill -9, SIGSTOP, a torn
 //!   log tail, damaged database pages, a full disk.
+//! * `restore`: `idemd restore` over a serving idemd, and killed at each
+//!   step of its swap.
 //! * `cql`: a 3-node Cassandra cluster under two replicas: a node killed,
 //!   a node paused, the quorum lost, the whole cluster restarted.
 //! * `skew`: one of two replicas with its wall clock moved.
@@ -13,4 +15,5 @@
 pub mod cql;
 pub mod embedded;
 pub mod partition;
+pub mod restore;
 pub mod skew;
