@@ -47,6 +47,8 @@
 //!   `/metrics`), which sets `TCP_NODELAY` on each connection.
 //! * [`metrics`]: every Prometheus metric name and help text, the label
 //!   cardinality guard and the `/metrics` exporter.
+//! * [`admin`]: the admin socket's protocol (`idemd backup` asks the
+//!   serving process), below both the server and the CLI.
 //! * [`cli`]: operator subcommands: clients of a running server
 //!   (`idemd audit`, `idemd keys`), and `idemd copy-to-cql`, which copies a
 //!   stopped embedded store into a CQL keyspace.
@@ -56,6 +58,7 @@
 //!   where the CQL store's writes and `idemd restore`'s swap are cut.
 //! * [`proto`]: the generated protobuf and gRPC code.
 
+pub mod admin;
 pub mod api;
 pub mod audit;
 pub mod auth;

@@ -1,8 +1,8 @@
 //! `idemd backup` and `idemd restore`: the operator's side of
 //! [`crate::store::embedded::backup`].
 //!
-//! `backup` is a client of the running server's admin socket (see
-//! [`crate::server::admin`]): the server, which owns the store, writes the
+//! `backup` is a client of the running server's admin socket (the protocol
+//! is [`crate::admin`]): the server, which owns the store, writes the
 //! copy. `restore` works on files while no server runs.
 
 use std::io::Write as _;
@@ -12,8 +12,8 @@ use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::UnixStream;
 
 use super::CliError;
+use crate::admin::{ADMIN_SOCKET, AdminReply, AdminRequest};
 use crate::config::{BackupArgs, RestoreArgs};
-use crate::server::admin::{ADMIN_SOCKET, AdminReply, AdminRequest};
 use crate::store::embedded::{EmbeddedOptions, backup};
 
 /// `idemd backup`: asks the server on `--data-dir` for a backup into `--to`

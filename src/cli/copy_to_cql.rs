@@ -42,7 +42,8 @@ pub async fn run(args: &CopyToCqlArgs) -> Result<CopyReport, CliError> {
     let StoreSettings::Cql(cql) = &settings.store else {
         return Err(CliError::Usage("the target must be a CQL store".into()));
     };
-    let keyring = crate::server::load_keyring(&settings)
+    let keyring = settings
+        .load_keyring()
         .map_err(|e| CliError::Usage(format!("invalid configuration: {e}")))?;
 
     let mut options = EmbeddedOptions::new(settings.data_dir.clone());

@@ -262,6 +262,25 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// Loads the encryption keyring `encryption_keys` names, if any: what
+    /// the server seals responses with and what `idemd copy-to-cql` opens
+    /// and seals them with (the same file, read the same way).
+    pub fn load_keyring(
+        &self,
+    ) -> Result<Option<std::sync::Arc<crate::crypto::Keyring>>, crate::crypto::KeyringError> {
+        let Some(path) = &self.encryption_keys else {
+            return Ok(None);
+        };
+        let keyring = crate::crypto::Keyring::load(path)?;
+        tracing::info!(
+            path = %path.display(),
+            active_key_id = keyring.active_key_id(),
+            keys = keyring.key_ids().len(),
+            "encryption at rest of stored responses is on"
+        );
+        Ok(Some(std::sync::Arc::new(keyring)))
+    }
+
     /// Settings for tests and embedding: defaults, given data dir.
     pub fn for_data_dir(data_dir: impl Into<PathBuf>) -> Self {
         Self {

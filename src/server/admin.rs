@@ -4,59 +4,25 @@
 //!
 //! # The admin socket
 //!
-//! A backup copies every tenant's records, so it is not an API call: a
-//! tenant's admin token must not read other tenants' keys. It is asked for
-//! on a Unix socket in the data directory (`admin.sock`, mode 0600): who
-//! can connect is who can read the store's files anyway, and nothing is
-//! reachable from the network. One JSON object per line: the request
-//! `{"backup":{"to":"/abs/dir"}}`, then `{"progress":{"records":N}}` lines
-//! and one `{"done":{…manifest…}}` or `{"error":"…"}`. One backup at a
-//! time.
+//! The server's end of the protocol [`crate::admin`] defines (the CLI,
+//! `idemd backup`, is the other end): one backup at a time, written by the
+//! process that owns the store.
 
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tonic_health::ServingStatus;
 
 use super::SERVICE_NAME;
-use crate::store::{BackupSummary, Store};
-
-/// File name of the admin socket in the data directory.
-pub const ADMIN_SOCKET: &str = "admin.sock";
+use crate::admin::{ADMIN_SOCKET, AdminReply, AdminRequest};
+use crate::store::Store;
 
 /// Longest request line accepted.
 const MAX_REQUEST: usize = 64 * 1024;
-
-/// A request on the admin socket.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AdminRequest {
-    /// Back up the store into the new directory `to` (absolute).
-    Backup {
-        /// Where the backup goes.
-        to: PathBuf,
-    },
-}
-
-/// A line of the answer.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AdminReply {
-    /// Records copied so far.
-    Progress {
-        /// Records copied.
-        records: u64,
-    },
-    /// The backup is complete: its manifest.
-    Done(BackupSummary),
-    /// It failed: why.
-    Error(String),
-}
 
 /// Listens on the admin socket of `data_dir` and answers there until the
 /// task is aborted. A socket left by an earlier process is replaced (the

@@ -192,25 +192,10 @@ fn authenticator(
     Ok((auth, client_tenants))
 }
 
-/// Loads the encryption keyring the settings name, if any.
-pub fn load_keyring(settings: &Settings) -> Result<Option<Arc<Keyring>>, ServerError> {
-    let Some(path) = &settings.encryption_keys else {
-        return Ok(None);
-    };
-    let keyring = Keyring::load(path)?;
-    tracing::info!(
-        path = %path.display(),
-        active_key_id = keyring.active_key_id(),
-        keys = keyring.key_ids().len(),
-        "encryption at rest of stored responses is on"
-    );
-    Ok(Some(Arc::new(keyring)))
-}
-
 /// Opens the store the settings name, sealing stored responses with the
 /// keyring of `--encryption-keys` when it is set.
 pub async fn open_store(settings: &Settings) -> Result<Arc<dyn Store>, ServerError> {
-    open_store_with(settings, load_keyring(settings)?).await
+    open_store_with(settings, settings.load_keyring()?).await
 }
 
 /// Opens the store the settings name, sealing stored responses with
@@ -275,7 +260,7 @@ pub async fn start(settings: Settings, clock: SharedClock) -> Result<RunningServ
     // One keyring instance, the store's: the reloader swaps its keys on
     // SIGHUP and when the file changes, so rotation needs no restart.
     settings.validate()?;
-    let keyring = load_keyring(&settings)?;
+    let keyring = settings.load_keyring()?;
     let for_store = settings.clone();
     let store_keyring = keyring.clone();
     let open = async move { open_store_with(&for_store, store_keyring).await };
@@ -332,7 +317,7 @@ where
         // that does not load fails start-up here, before the port is
         // bound, rather than in the store's open.
         None if settings.encryption_keys.is_some() => {
-            load_keyring(&settings)?;
+            settings.load_keyring()?;
         }
         None => {}
     }
