@@ -285,14 +285,7 @@ async fn records_pending_before_the_upgrade_are_found_after_it() {
 /// `LegacyIndex::adopt_tenants` (nothing for the second tenant).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entries_old_replicas_write_during_a_rollout_are_listed_without_a_second_migrate() {
-    let mut options = crate::cql_support::options();
-    options.keyspace = format!("idemd_rollout_{}", std::process::id());
-    options.seal_grace = Duration::from_secs(2);
-    let replication = "{'class': 'SimpleStrategy', 'replication_factor': 1}";
-    let report = idemd::store::cql::migrate::run(&options, replication, "tests")
-        .await
-        .expect("migrate (the pre-upgrade Job)");
-    assert_eq!(report.applied, [1, 2, 3]);
+    let options = rollout_keyspace("idemd_rollout").await;
     let clock = || idemd::clock::Clock::now_ms(&idemd::clock::SystemClock);
     let store = CqlStore::open(&options).await.expect("a new replica");
     // The new replica serves "both" too: its cursor exists before the old
@@ -355,13 +348,7 @@ async fn entries_old_replicas_write_during_a_rollout_are_listed_without_a_second
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    store.close().await.expect("close");
-    idemd::store::cql::migrate::execute_ddl(
-        &session,
-        format!("DROP KEYSPACE {}", options.keyspace),
-    )
-    .await
-    .expect("drop");
+    close_and_drop(store, &session, &options.keyspace).await;
 }
 
 /// `tenant`'s watermark in `pending_cursor`, `None` without a cursor.
@@ -407,15 +394,9 @@ async fn a_tenant_only_old_replicas_served_is_listed_across_midnight_and_the_ado
     /// `ADOPT_EVERY_MS` in `store::cql::pending::legacy`.
     const ADOPT_EVERY: i64 = 60_000;
     const PASS: i64 = 2_000;
-    let mut options = crate::cql_support::options();
-    options.keyspace = format!("idemd_rollout_midnight_{}", std::process::id());
-    options.seal_grace = Duration::from_secs(2);
+    let options = rollout_keyspace("idemd_rollout_midnight").await;
     let grace = 2_000;
     let idle_step = idemd::store::cql::SealTiming::for_grace(options.seal_grace).idle_step_ms;
-    let replication = "{'class': 'SimpleStrategy', 'replication_factor': 1}";
-    idemd::store::cql::migrate::run(&options, replication, "tests")
-        .await
-        .expect("migrate (the pre-upgrade Job)");
     let fixture = read_fixture();
     let mut dues: Vec<i64> = fixture
         .pending_index
@@ -488,13 +469,7 @@ async fn a_tenant_only_old_replicas_served_is_listed_across_midnight_and_the_ado
         "the adopted cursor starts near the clock, not at the start of a day; the passes:\n{}",
         passes.join("\n")
     );
-    store.close().await.expect("close");
-    idemd::store::cql::migrate::execute_ddl(
-        &session,
-        format!("DROP KEYSPACE {}", options.keyspace),
-    )
-    .await
-    .expect("drop");
+    close_and_drop(store, &session, &options.keyspace).await;
 }
 
 /// The day `tenant`'s watermark is in.
@@ -507,4 +482,30 @@ async fn watermark_day(
         .await
         .expect("a cursor")
         .div_euclid(86_400_000)
+}
+
+/// A keyspace of its own, migrated as the chart's pre-upgrade Job does
+/// (migrations 1 to 3), with a 2 s seal grace.
+async fn rollout_keyspace(name: &str) -> idemd::store::cql::CqlOptions {
+    let mut options = crate::cql_support::options();
+    options.keyspace = format!("{name}_{}", std::process::id());
+    options.seal_grace = Duration::from_secs(2);
+    let replication = "{'class': 'SimpleStrategy', 'replication_factor': 1}";
+    let report = idemd::store::cql::migrate::run(&options, replication, "tests")
+        .await
+        .expect("migrate (the pre-upgrade Job)");
+    assert_eq!(report.applied, [1, 2, 3]);
+    options
+}
+
+/// Closes the replica and drops its keyspace.
+async fn close_and_drop(
+    store: CqlStore,
+    session: &scylla::client::session::Session,
+    keyspace: &str,
+) {
+    store.close().await.expect("close");
+    idemd::store::cql::migrate::execute_ddl(session, format!("DROP KEYSPACE {keyspace}"))
+        .await
+        .expect("drop");
 }

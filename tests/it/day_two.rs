@@ -85,17 +85,12 @@ fn copy_dir(from: &Path, to: &Path) {
     assert!(status.success());
 }
 
-/// A restore, a copy-to-cql and a second server pointed at a serving
-/// idemd's data directory are each refused, naming the server's pid, and
-/// the server's keys are untouched. Fails without the owner lock: the
-/// restore exits 0 and moves the live files away (issue 50).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_serving_directory_refuses_restore_copy_and_a_second_server() {
+/// A server on `data` in a new scratch directory, key "a" acknowledged,
+/// `idemd backup` into `backup` beside it, then key "b" acknowledged.
+async fn served_and_backed_up() -> (tempfile::TempDir, crate::common::process::Process) {
     let scratch = tempfile::tempdir().expect("temp dir");
-    let data = scratch.path().join("data");
-    let backup = scratch.path().join("backup");
+    let (data, backup) = (scratch.path().join("data"), scratch.path().join("backup"));
     let server = spawn(&data, &[]);
-    let pid = server.child.id().to_string();
     acknowledge(server.addr, "a").await;
     let backed_up = idemd(
         &["backup"],
@@ -104,6 +99,18 @@ async fn a_serving_directory_refuses_restore_copy_and_a_second_server() {
     );
     assert!(backed_up.status.success(), "{}", stderr(&backed_up));
     acknowledge(server.addr, "b").await;
+    (scratch, server)
+}
+
+/// A restore, a copy-to-cql and a second server pointed at a serving
+/// idemd's data directory are each refused, naming the server's pid, and
+/// the server's keys are untouched. Fails without the owner lock: the
+/// restore exits 0 and moves the live files away (issue 50).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serving_directory_refuses_restore_copy_and_a_second_server() {
+    let (scratch, server) = served_and_backed_up().await;
+    let (data, backup) = (scratch.path().join("data"), scratch.path().join("backup"));
+    let pid = server.child.id().to_string();
 
     let refused = restore(&backup, &data, &[]);
     assert!(!refused.status.success(), "restore over a serving idemd");
@@ -171,18 +178,8 @@ const STEPS: [(&str, bool); 7] = [
 /// ("a" granted again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_killed_at_any_step_leaves_the_old_store_or_the_restored_one() {
-    let scratch = tempfile::tempdir().expect("temp dir");
-    let data = scratch.path().join("data");
-    let backup = scratch.path().join("backup");
-    let server = spawn(&data, &[]);
-    acknowledge(server.addr, "a").await;
-    let backed_up = idemd(
-        &["backup"],
-        &[("--data-dir", &data), ("--to", &backup)],
-        &[],
-    );
-    assert!(backed_up.status.success(), "{}", stderr(&backed_up));
-    acknowledge(server.addr, "b").await;
+    let (scratch, server) = served_and_backed_up().await;
+    let (data, backup) = (scratch.path().join("data"), scratch.path().join("backup"));
     kill9(server);
 
     for (step, old_store) in STEPS {

@@ -330,23 +330,8 @@ pub async fn backup_restore(setup: &Setup<'_>) -> anyhow::Result<Report> {
     let scratch = tempfile::tempdir()?;
     let backup_dir = scratch.path().join("backup");
     let started = Instant::now();
-    let backup = tokio::process::Command::new(setup.bin)
-        .arg("backup")
-        .arg("--data-dir")
-        .arg(&run.servers[0].data_dir)
-        .arg("--to")
-        .arg(&backup_dir)
-        .output()
-        .await?;
+    let said = backup(setup.bin, &run.servers[0].data_dir, &backup_dir).await?;
     let backup_ms = started.elapsed().as_millis();
-    if !backup.status.success() {
-        bail!(
-            "idemd backup failed ({}): {}",
-            backup.status,
-            String::from_utf8_lossy(&backup.stderr)
-        );
-    }
-    let said = String::from_utf8_lossy(&backup.stdout).trim().to_string();
     // More writes after the backup, then a crash: the restore must not
     // depend on the old store's files. The clients stop first: the calls
     // they would retry belong to the lost store, not to the restored one.
@@ -391,6 +376,31 @@ pub async fn backup_restore(setup: &Setup<'_>) -> anyhow::Result<Report> {
         ],
         seconds: run.started.elapsed().as_secs_f64(),
     })
+}
+
+/// `idemd backup` of the server serving `data_dir` into `to`: what it
+/// printed, or an error with its stderr.
+pub(super) async fn backup(
+    bin: &std::path::Path,
+    data_dir: &std::path::Path,
+    to: &std::path::Path,
+) -> anyhow::Result<String> {
+    let backup = tokio::process::Command::new(bin)
+        .arg("backup")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .arg("--to")
+        .arg(to)
+        .output()
+        .await?;
+    if !backup.status.success() {
+        bail!(
+            "idemd backup failed ({}): {}",
+            backup.status,
+            String::from_utf8_lossy(&backup.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&backup.stdout).trim().to_string())
 }
 
 /// What the server logged about the damage (who found it), shortened.

@@ -43,21 +43,7 @@ pub async fn restore_guard(setup: &Setup<'_>) -> anyhow::Result<Report> {
     let scratch = tempfile::tempdir()?;
     let backup_dir = scratch.path().join("backup");
     let live_dir = run.servers[0].data_dir.clone();
-    let backup = tokio::process::Command::new(setup.bin)
-        .arg("backup")
-        .arg("--data-dir")
-        .arg(&live_dir)
-        .arg("--to")
-        .arg(&backup_dir)
-        .output()
-        .await?;
-    if !backup.status.success() {
-        bail!(
-            "idemd backup failed ({}): {}",
-            backup.status,
-            String::from_utf8_lossy(&backup.stderr)
-        );
-    }
+    super::embedded::backup(setup.bin, &live_dir, &backup_dir).await?;
 
     // 1. A restore over the serving directory, clients still writing.
     run.history.phase("restore-over-serving");
