@@ -10,8 +10,9 @@
 //!   [`MAX_LINES`] unless its module docs have a `# Length` section saying
 //!   why;
 //! * every `pub mod` of `lib.rs` is in the module map of `docs/design.md`;
-//! * every file path that the README, CODE_STYLE.md and docs/design.md name
-//!   (links, backticked paths, the README's Layout) exists;
+//! * every file path that the README, CODE_STYLE.md, every document under
+//!   docs/ and each SDK's README name (links, backticked paths, the
+//!   README's Layout) exists, or is a build output git ignores;
 //! * every flag of `idemd serve --help` is in a flag table (the README's,
 //!   or docs/scylla.md's for the CQL connection).
 
@@ -422,7 +423,9 @@ fn design_doc_maps_every_top_level_module() {
 fn every_documented_path_exists() {
     let mut checked = 0;
     let mut missing = Vec::new();
-    for doc in paths::DOCUMENTS {
+    let documents = paths::documents();
+    assert!(documents.len() >= 17, "found the documents: {documents:?}");
+    for doc in &documents {
         let text = std::fs::read_to_string(root().join(doc)).expect("doc");
         for (path, base) in paths::named_paths(doc, &text) {
             checked += 1;
@@ -436,6 +439,41 @@ fn every_documented_path_exists() {
         missing.is_empty(),
         "paths named in the docs that do not exist: {missing:#?}"
     );
+}
+
+/// Every document under docs/ and every SDK README is among those the
+/// path check reads, and a stale path planted in any of them is found:
+/// the one in its own folder for an SDK README, the repository's for the
+/// others.
+#[test]
+fn the_path_check_reads_every_document() {
+    let documents = paths::documents();
+    for entry in std::fs::read_dir(root().join("docs")).expect("docs/") {
+        let name = entry.expect("entry").file_name();
+        let name = name.to_str().expect("utf-8");
+        if name.ends_with(".md") {
+            assert!(documents.contains(&format!("docs/{name}")), "{name}");
+        }
+    }
+    let planted = "Stale: `src/store/cql/gone.rs`; its own: `src/idemd/client.py`.";
+    for doc in &documents {
+        let stale: Vec<String> = paths::named_paths(doc, planted)
+            .into_iter()
+            .filter(|(path, base)| !paths::exists(base, path))
+            .map(|(path, _)| path)
+            .collect();
+        assert!(
+            stale.contains(&"src/store/cql/gone.rs".to_string()),
+            "{doc}: {stale:?}"
+        );
+        // The Python SDK's README names its own files from its folder.
+        let own = doc == "clients/python/README.md";
+        assert_eq!(
+            stale.contains(&"src/idemd/client.py".to_string()),
+            !own,
+            "{doc}: {stale:?}"
+        );
+    }
 }
 
 /// The path check sees each shape it claims to (a check that finds
