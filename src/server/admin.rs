@@ -137,13 +137,19 @@ pub(super) async fn not_serving_on_damage(
         ticker.tick().await;
         if let Some(report) = store.damage() {
             tracing::error!(%report, "store damaged: health NOT_SERVING, every call answers DATA_LOSS");
-            health
-                .set_service_status("", ServingStatus::NotServing)
-                .await;
-            health
-                .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
-                .await;
+            set_health(&health, ServingStatus::NotServing).await;
             return;
         }
     }
+}
+
+/// Sets both names health is asked by (the server, `""`, and the service)
+/// to `status`: every transition (start-up, serving, shutdown, damage)
+/// moves them together.
+pub(super) async fn set_health(
+    health: &tonic_health::server::HealthReporter,
+    status: ServingStatus,
+) {
+    health.set_service_status("", status).await;
+    health.set_service_status(SERVICE_NAME, status).await;
 }

@@ -8,6 +8,13 @@
 //! accepting, in-flight RPCs get up to `drain_timeout` to finish, and the
 //! store is closed, which commits every accepted write before the process
 //! exits 0.
+//!
+//! Start-up is a sequence of named steps, each a function here:
+//! `authenticator` and `watch_files` (every file read, before a port is
+//! bound), `Listeners::bind` (every port), `serve_listeners` (health
+//! NOT_SERVING, the gRPC router, the HTTP front doors), the store's open,
+//! `build_engine`, health SERVING, `background` (the tasks beside
+//! serving), and at the end `drain_and_close`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,9 +45,11 @@ use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::store::instrumented::InstrumentedStore;
 use crate::tls::TlsServer;
 use crate::web::Connection;
+use background::Background;
 use slot::EngineSlot;
 
 pub mod admin;
+mod background;
 mod slot;
 
 /// A request on one of the HTTP front doors.
@@ -192,6 +201,37 @@ fn authenticator(
     Ok((auth, client_tenants))
 }
 
+/// One watcher for every file read at start-up (see `crate::reload`): the
+/// TLS certificates, the tokens, the client-certificate tenants and the
+/// keyring. A keyring the store factory loads itself is not reloaded, but
+/// one that does not load fails start-up here, before a port is bound.
+fn watch_files(
+    settings: &Settings,
+    tls: Option<&TlsServer>,
+    auth: &Authenticator,
+    client_tenants: Option<ClientTenants>,
+    keyring: Option<Arc<Keyring>>,
+) -> Result<Reloader, ServerError> {
+    let mut reloader = Reloader::new(settings.reload_interval);
+    if let Some(tls) = tls {
+        reloader.add(Arc::new(tls.clone()));
+    }
+    if let Some(source) = auth.tokens_source() {
+        reloader.add(source);
+    }
+    if let Some(client_tenants) = client_tenants {
+        reloader.add(Arc::new(client_tenants));
+    }
+    match keyring {
+        Some(keyring) => reloader.add(keyring),
+        None if settings.encryption_keys.is_some() => {
+            settings.load_keyring()?;
+        }
+        None => {}
+    }
+    Ok(reloader)
+}
+
 /// Opens the store the settings name, sealing stored responses with the
 /// keyring of `--encryption-keys` when it is set.
 pub async fn open_store(settings: &Settings) -> Result<Arc<dyn Store>, ServerError> {
@@ -300,27 +340,7 @@ where
         None => None,
     };
     let (auth, client_tenants) = authenticator(&settings)?;
-    // One watcher for every file read above (see `crate::reload`).
-    let mut reloader = Reloader::new(settings.reload_interval);
-    if let Some(tls) = &tls {
-        reloader.add(Arc::new(tls.clone()));
-    }
-    if let Some(source) = auth.tokens_source() {
-        reloader.add(source);
-    }
-    if let Some(client_tenants) = client_tenants {
-        reloader.add(Arc::new(client_tenants));
-    }
-    match keyring {
-        Some(keyring) => reloader.add(keyring),
-        // `--encryption-keys` is honoured by the store factory; a keyring
-        // that does not load fails start-up here, before the port is
-        // bound, rather than in the store's open.
-        None if settings.encryption_keys.is_some() => {
-            settings.load_keyring()?;
-        }
-        None => {}
-    }
+    let reloader = watch_files(&settings, tls.as_ref(), &auth, client_tenants, keyring)?;
     let reloads = reloader.events();
     if let Some(address) = settings.metrics_listen {
         // Metrics are secondary to serving: a busy metrics port is logged
@@ -331,38 +351,116 @@ where
     }
     // Every port is bound before the store opens, so a busy port fails
     // start-up at once and orchestrators see the ports early.
-    let grpc_listener = match settings.listen {
-        Some(address) => Some(bind(address).await?),
-        None => None,
-    };
-    let http_listener = match settings.http_listen {
-        Some(address) => Some(bind(address).await?),
-        None => None,
-    };
-    let proxy_listener = match &settings.proxy {
-        Some(proxy) => Some(bind(proxy.listen).await?),
-        None => None,
-    };
-    let address_of = |listener: &Option<(TcpListener, SocketAddr)>| {
-        listener.as_ref().map(|(_, address)| *address)
-    };
-    let (grpc_addr, http_addr, proxy_addr) = (
-        address_of(&grpc_listener),
-        address_of(&http_listener),
-        address_of(&proxy_listener),
-    );
+    let listeners = Listeners::bind(&settings).await?;
+    let (grpc_addr, http_addr, proxy_addr) = listeners.addresses();
     let local_addr = grpc_addr
         .or(proxy_addr)
         .or(http_addr)
         .ok_or_else(|| ServerError::Task("no listener".to_string()))?;
+    let slot = EngineSlot::new(settings.limits.max_in_flight);
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let (mut serving, health) = serve_listeners(
+        listeners,
+        &settings,
+        tls.as_ref(),
+        &auth,
+        &slot,
+        &shutdown_rx,
+    )
+    .await?;
+
+    let store: Arc<dyn Store> = match open_store.await {
+        Ok(store) => Arc::new(InstrumentedStore::new(store)),
+        Err(error) => {
+            serving.abort_all();
+            return Err(error);
+        }
+    };
+    let audit = match open_audit(&settings).await {
+        Ok(audit) => audit,
+        Err(error) => {
+            serving.abort_all();
+            return Err(error);
+        }
+    };
+    let engine = build_engine(&settings, &store, audit.as_ref(), clock).await;
+    let labels = Arc::new(LabelGuard::new(
+        settings.metrics_label_caps.0,
+        settings.metrics_label_caps.1,
+    ));
+    let service = IdempotencyService::new(Arc::clone(&engine), auth.clone(), Arc::clone(&labels));
+    if slot.service.set(service).is_err() {
+        return Err(ServerError::Task("engine initialized twice".to_string()));
+    }
+    admin::set_health(&health, ServingStatus::Serving).await;
+    let show =
+        |address: Option<SocketAddr>| address.map_or_else(|| "off".to_string(), |a| a.to_string());
+    tracing::info!(
+        address = %local_addr,
+        grpc = %show(grpc_addr),
+        http = %show(http_addr),
+        proxy = %show(proxy_addr),
+        store = store.backend_name(),
+        auth = auth.is_enabled(),
+        access = auth.access().as_str(),
+        audit = audit.is_some(),
+        traces = crate::telemetry::enabled(),
+        "idemd serving"
+    );
+
+    let background = Background::start(
+        &settings,
+        &engine,
+        &store,
+        &health,
+        (&auth, labels),
+        reloader,
+    );
+    let task = tokio::spawn(drain_and_close(
+        serving,
+        shutdown_rx,
+        settings.drain_timeout,
+        background,
+        store,
+        audit,
+    ));
+    Ok(RunningServer {
+        local_addr,
+        http_addr,
+        proxy_addr,
+        shutdown: shutdown_tx,
+        task,
+        reloads,
+    })
+}
+
+/// Serves every bound port, each calling `slot` (filled once the engine
+/// exists): the gRPC router (health, reflection v1 and v1alpha,
+/// Idempotency, Audit; over TLS when configured), the API over HTTP/JSON
+/// and the proxy. Health answers NOT_SERVING from the start, and again once
+/// `shutdown` turns true, when every listener drains its connections.
+async fn serve_listeners(
+    listeners: Listeners,
+    settings: &Settings,
+    tls: Option<&TlsServer>,
+    auth: &Authenticator,
+    slot: &EngineSlot,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<
+    (
+        JoinSet<Result<(), ServerError>>,
+        tonic_health::server::HealthReporter,
+    ),
+    ServerError,
+> {
+    let Listeners {
+        grpc: grpc_listener,
+        http: http_listener,
+        proxy: proxy_listener,
+    } = listeners;
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_service_status("", ServingStatus::NotServing)
-        .await;
-    health
-        .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
-        .await;
+    admin::set_health(&health, ServingStatus::NotServing).await;
     // Reflection in both versions, like grpc-go: grpcurl asks v1, but ghz,
     // Evans and older grpcurl builds ask only v1alpha.
     let reflection_builder = || {
@@ -377,16 +475,15 @@ where
         .build_v1alpha()
         .map_err(|e| ServerError::Reflection(e.to_string()))?;
 
-    let slot = EngineSlot::new(settings.limits.max_in_flight);
     let idempotency = pb::idempotency_server::IdempotencyServer::new(slot.clone())
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let audit_service = pb::audit_server::AuditServer::new(slot.clone());
 
-    let (shutdown_tx, mut shutdown_rx) = watch::channel(false);
-    let mut drain_rx = shutdown_rx.clone();
+    let mut shutdown_rx = shutdown.clone();
+    let drain_rx = shutdown.clone();
     let health_on_shutdown = health.clone();
-    let accept_rx = shutdown_rx.clone();
+    let accept_rx = shutdown.clone();
     // No `.tcp_nodelay(true)` here: tonic ignores it with
     // `serve_with_incoming`; the sockets come from `crate::net`, which sets it.
     let router = tonic::transport::Server::builder()
@@ -400,12 +497,7 @@ where
         .add_service(audit_service);
     let signal = async move {
         let _ = shutdown_rx.wait_for(|stop| *stop).await;
-        health_on_shutdown
-            .set_service_status("", ServingStatus::NotServing)
-            .await;
-        health_on_shutdown
-            .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
-            .await;
+        admin::set_health(&health_on_shutdown, ServingStatus::NotServing).await;
         tracing::info!("shutting down: draining in-flight requests");
     };
     // Every listener's serving task; on shutdown each drains its own
@@ -414,7 +506,7 @@ where
     if let Some((listener, _)) = grpc_listener {
         type Serving =
             std::pin::Pin<Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>>;
-        let serve: Serving = match &tls {
+        let serve: Serving = match tls {
             // Our acceptor does the TLS handshakes (see `crate::tls` for why
             // not tonic's); tonic serves the finished streams.
             Some(tls) => Box::pin(
@@ -438,7 +530,7 @@ where
             async move { crate::web::api::handle(&services, request, &connection).await }
         };
         let shutdown = drain_rx.clone();
-        let tls = tls.clone();
+        let tls = tls.cloned();
         let auth = auth.clone();
         serving.spawn(async move {
             crate::web::serve::serve(listener, tls, shutdown, auth, handler).await;
@@ -452,7 +544,7 @@ where
             async move { proxy.handle(request, connection).await }
         };
         let shutdown = drain_rx.clone();
-        let tls = tls.clone();
+        let tls = tls.cloned();
         let auth = auth.clone();
         serving.spawn(async move {
             crate::web::serve::serve(listener, tls, shutdown, auth, handler).await;
@@ -460,151 +552,126 @@ where
         });
     }
 
-    let store: Arc<dyn Store> = match open_store.await {
-        Ok(store) => Arc::new(InstrumentedStore::new(store)),
-        Err(error) => {
-            serving.abort_all();
-            return Err(error);
-        }
-    };
-    let audit = match open_audit(&settings).await {
-        Ok(audit) => audit,
-        Err(error) => {
-            serving.abort_all();
-            return Err(error);
-        }
-    };
+    Ok((serving, health))
+}
+
+/// The engine over `store` with the settings' policies, cache and claim
+/// limit, writing `audit` if some endpoint is audited. Measures the clock
+/// offset first: on a shared store a replica that has not measured its
+/// clock grants no lease (`engine::skew`).
+async fn build_engine(
+    settings: &Settings,
+    store: &Arc<dyn Store>,
+    audit: Option<&Arc<dyn AuditLog>>,
+    clock: SharedClock,
+) -> Arc<Engine> {
     let mut engine = Engine::new(
-        Arc::clone(&store),
+        Arc::clone(store),
         clock,
         Arc::new(settings.policies.clone()),
         settings.cache_bytes,
     )
     .with_claim_limit(settings.limits.claim_rate, settings.limits.claim_burst);
-    if let Some(audit) = &audit {
+    if let Some(audit) = audit {
         engine = engine.with_audit(Arc::clone(audit));
     }
-    // Before the first request: on a shared store a replica that has not
-    // measured its clock grants no lease (`engine::skew`).
     if let Err(error) = engine.measure_clock().await {
         tracing::warn!(%error, "clock offset not measured at start; leases wait for the next try");
     }
-    let engine = Arc::new(engine);
-    let labels = Arc::new(LabelGuard::new(
-        settings.metrics_label_caps.0,
-        settings.metrics_label_caps.1,
-    ));
-    let service = IdempotencyService::new(Arc::clone(&engine), auth.clone(), Arc::clone(&labels));
-    if slot.service.set(service).is_err() {
-        return Err(ServerError::Task("engine initialized twice".to_string()));
-    }
-    health.set_service_status("", ServingStatus::Serving).await;
-    health
-        .set_service_status(SERVICE_NAME, ServingStatus::Serving)
-        .await;
-    let show =
-        |address: Option<SocketAddr>| address.map_or_else(|| "off".to_string(), |a| a.to_string());
-    tracing::info!(
-        address = %local_addr,
-        grpc = %show(grpc_addr),
-        http = %show(http_addr),
-        proxy = %show(proxy_addr),
-        store = store.backend_name(),
-        auth = auth.is_enabled(),
-        access = auth.access().as_str(),
-        audit = audit.is_some(),
-        traces = crate::telemetry::enabled(),
-        "idemd serving"
-    );
+    Arc::new(engine)
+}
 
-    let sweeper = tokio::spawn(sweep_forever(Arc::clone(&engine), settings.sweep_interval));
-    let damage_watch = tokio::spawn(admin::not_serving_on_damage(
-        Arc::clone(&store),
-        health.clone(),
-    ));
-    // Backups of the embedded store are asked for on its data directory's
-    // admin socket; serving goes on without it (logged) if it cannot bind.
-    let admin = match &settings.store {
-        StoreSettings::Embedded => admin::serve(&settings.data_dir, Arc::clone(&store))
-            .map_err(|error| tracing::error!(%error, data_dir = %settings.data_dir.display(), "admin socket unavailable: `idemd backup` cannot reach this server"))
-            .ok(),
-        StoreSettings::Cql(_) => None,
-    };
-    let maintenance = engine
-        .store_maintenance_interval()
-        .map(|every| tokio::spawn(maintain_forever(Arc::clone(&engine), every)));
-    // The pending gauges cost store reads: only when metrics are exported.
-    let pending_gauges = settings.metrics_listen.map(|_| {
-        tokio::spawn(refresh_pending_gauges(
-            Arc::clone(&engine),
-            auth.clone(),
-            labels,
-        ))
-    });
-    let watcher = (!reloader.is_empty()).then(|| tokio::spawn(reloader.run()));
-    let drain_timeout = settings.drain_timeout;
-    let task = tokio::spawn(async move {
-        let mut serving = serving;
-        let drain_deadline = async {
-            let _ = drain_rx.wait_for(|stop| *stop).await;
-            tokio::time::sleep(drain_timeout).await;
+/// The ports the settings ask for, bound (each with the address it got).
+struct Listeners {
+    /// The gRPC port (`--listen`), off for `idemd proxy`.
+    grpc: Option<(TcpListener, SocketAddr)>,
+    /// The API over HTTP/JSON (`--http-listen`).
+    http: Option<(TcpListener, SocketAddr)>,
+    /// `idemd proxy`'s port.
+    proxy: Option<(TcpListener, SocketAddr)>,
+}
+
+impl Listeners {
+    /// Binds every port the settings name; the first busy one fails.
+    async fn bind(settings: &Settings) -> Result<Self, ServerError> {
+        let grpc = match settings.listen {
+            Some(address) => Some(bind(address).await?),
+            None => None,
         };
-        // The first error of any listener, or Ok once all have drained.
-        let all_served = async {
-            let mut outcome = Ok(Ok(()));
-            while let Some(result) = serving.join_next().await {
-                match result {
-                    Ok(Ok(())) => {}
-                    failed => {
-                        outcome = failed;
-                        break;
-                    }
+        let http = match settings.http_listen {
+            Some(address) => Some(bind(address).await?),
+            None => None,
+        };
+        let proxy = match &settings.proxy {
+            Some(proxy) => Some(bind(proxy.listen).await?),
+            None => None,
+        };
+        Ok(Self { grpc, http, proxy })
+    }
+
+    /// The bound addresses: gRPC, HTTP/JSON, proxy.
+    fn addresses(&self) -> (Option<SocketAddr>, Option<SocketAddr>, Option<SocketAddr>) {
+        let address = |listener: &Option<(TcpListener, SocketAddr)>| {
+            listener.as_ref().map(|(_, address)| *address)
+        };
+        (
+            address(&self.grpc),
+            address(&self.http),
+            address(&self.proxy),
+        )
+    }
+}
+
+/// The end of a server's life: waits until every listener has drained
+/// (or `drain_timeout` after shutdown was asked), stops the background
+/// tasks, then closes the store, which commits every accepted write, and
+/// the audit log. The first listener error is reported after the close:
+/// committing what was accepted matters more than a transport error.
+async fn drain_and_close(
+    mut serving: JoinSet<Result<(), ServerError>>,
+    mut drain_rx: watch::Receiver<bool>,
+    drain_timeout: Duration,
+    background: Background,
+    store: Arc<dyn Store>,
+    audit: Option<Arc<dyn AuditLog>>,
+) -> Result<(), ServerError> {
+    let drain_deadline = async {
+        let _ = drain_rx.wait_for(|stop| *stop).await;
+        tokio::time::sleep(drain_timeout).await;
+    };
+    // The first error of any listener, or Ok once all have drained.
+    let all_served = async {
+        let mut outcome = Ok(Ok(()));
+        while let Some(result) = serving.join_next().await {
+            match result {
+                Ok(Ok(())) => {}
+                failed => {
+                    outcome = failed;
+                    break;
                 }
             }
-            outcome
-        };
-        let served = tokio::select! {
-            result = all_served => result,
-            () = drain_deadline => {
-                tracing::warn!(timeout = ?drain_timeout, "drain timeout: abandoning in-flight requests");
-                Ok(Ok(()))
-            }
-        };
-        serving.abort_all();
-        sweeper.abort();
-        damage_watch.abort();
-        if let Some(task) = &admin {
-            task.abort();
         }
-        if let Some(task) = &maintenance {
-            task.abort();
+        outcome
+    };
+    let served = tokio::select! {
+        result = all_served => result,
+        () = drain_deadline => {
+            tracing::warn!(timeout = ?drain_timeout, "drain timeout: abandoning in-flight requests");
+            Ok(Ok(()))
         }
-        if let Some(watcher) = &watcher {
-            watcher.abort();
-        }
-        if let Some(task) = pending_gauges {
-            task.abort();
-        }
-        // Committing what was accepted matters more than a transport error.
-        let closed = store.close().await;
-        let audit_closed = match &audit {
-            Some(audit) => audit.close().await,
-            None => Ok(()),
-        };
-        tracing::info!("store closed; bye");
-        served.map_err(|e| ServerError::Task(e.to_string()))??;
-        closed?;
-        audit_closed?;
-        Ok(())
-    });
-    Ok(RunningServer {
-        local_addr,
-        http_addr,
-        proxy_addr,
-        shutdown: shutdown_tx,
-        task,
-        reloads,
-    })
+    };
+    serving.abort_all();
+    background.abort();
+    let closed = store.close().await;
+    let audit_closed = match &audit {
+        Some(audit) => audit.close().await,
+        None => Ok(()),
+    };
+    tracing::info!("store closed; bye");
+    served.map_err(|e| ServerError::Task(e.to_string()))??;
+    closed?;
+    audit_closed?;
+    Ok(())
 }
 
 /// Binds `address`, returning the listener and the address bound.
@@ -613,71 +680,4 @@ async fn bind(address: SocketAddr) -> Result<(TcpListener, SocketAddr), ServerEr
     let listener = TcpListener::bind(address).await.map_err(bind_error)?;
     let local = listener.local_addr().map_err(bind_error)?;
     Ok((listener, local))
-}
-
-/// How often the pending gauges are recomputed from the pending index.
-const PENDING_GAUGE_INTERVAL: Duration = Duration::from_secs(15);
-
-/// Most pending records read per tenant per refresh (the gauges saturate
-/// beyond it; ListPending shows the rest).
-const PENDING_GAUGE_MAX_RECORDS: usize = 10_000;
-
-/// Keeps `idemd_pending_records` and `idemd_pending_oldest_age_seconds`
-/// current for every tenant this replica knows (from the tokens file and
-/// from traffic).
-async fn refresh_pending_gauges(engine: Arc<Engine>, auth: Authenticator, labels: Arc<LabelGuard>) {
-    let mut ticker = tokio::time::interval(PENDING_GAUGE_INTERVAL);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        let mut tenants = auth.tenants();
-        tenants.extend(labels.tenants());
-        tenants.sort();
-        tenants.dedup();
-        for tenant in tenants
-            .into_iter()
-            .filter(|t| t != crate::metrics::OVERFLOW_VALUE)
-        {
-            match engine
-                .pending_summary(&tenant, PENDING_GAUGE_MAX_RECORDS)
-                .await
-            {
-                Ok(summary) => {
-                    for (state, count) in summary.counts {
-                        metrics::gauge!(crate::metrics::PENDING_RECORDS, "tenant" => tenant.clone(), "state" => state)
-                            .set(count as f64);
-                    }
-                    metrics::gauge!(crate::metrics::PENDING_OLDEST_AGE, "tenant" => tenant.clone())
-                        .set(summary.oldest_age.as_secs_f64());
-                }
-                Err(error) => tracing::warn!(%tenant, %error, "refreshing pending gauges failed"),
-            }
-        }
-    }
-}
-
-/// The store's upkeep (CQL: sealing the pending index), on every replica;
-/// the store makes concurrent runs safe.
-async fn maintain_forever(engine: Arc<Engine>, interval: Duration) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        if let Err(error) = engine.maintain_store().await {
-            tracing::warn!(%error, "store maintenance failed");
-        }
-    }
-}
-
-async fn sweep_forever(engine: Arc<Engine>, interval: Duration) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        match engine.sweep_expired().await {
-            Ok(0) => {}
-            Ok(removed) => tracing::debug!(removed, "swept expired records"),
-            Err(error) => tracing::warn!(%error, "sweeping expired records failed"),
-        }
-    }
 }
