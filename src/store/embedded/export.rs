@@ -74,16 +74,14 @@ pub fn open_stopped(options: &EmbeddedOptions) -> Result<EmbeddedStore, OpenErro
     if !path.is_file() {
         return Err(OpenError::Missing(path));
     }
-    // The owner lock first, on its own, to tell a held directory from any
-    // other failure of the open (the open takes it again, once this one is
-    // released: nothing else can take it in between without being refused
-    // the same way by the open).
-    match DirOwner::acquire(&options.data_dir, options.role) {
-        Ok(owner) => drop(owner),
+    // The owner lock first, to tell a held directory from any other
+    // failure of the open, then handed to the open (taken once).
+    let owner = match DirOwner::acquire(&options.data_dir, options.role) {
+        Ok(owner) => owner,
         Err(OwnerError::Held(held)) => return Err(OpenError::Held(held)),
         Err(other) => return Err(OpenError::Store(other.into())),
-    }
-    Ok(EmbeddedStore::open(options)?)
+    };
+    Ok(EmbeddedStore::open_with(options, owner, None, false)?)
 }
 
 /// How many entries the `records` table holds, live or expired: the total

@@ -244,26 +244,28 @@ impl EmbeddedStore {
     ///
     /// Fails if another process holds the file.
     pub fn open(options: &EmbeddedOptions) -> Result<Self, StoreError> {
-        Self::open_with(options, None, false)
+        let owner = DirOwner::acquire(&options.data_dir, options.role)?;
+        Self::open_with(options, owner, None, false)
     }
 
     /// [`Self::open`], reading and checking every page and every block
     /// first, whatever the checksums say (a restore checks its copy so).
     pub fn open_checked(options: &EmbeddedOptions) -> Result<Self, StoreError> {
-        Self::open_with(options, None, true)
+        let owner = DirOwner::acquire(&options.data_dir, options.role)?;
+        Self::open_with(options, owner, None, true)
     }
 
-    /// [`Self::open`], running `before_checkpoint` before each checkpoint's
-    /// durable commit (unit tests hold checkpoints back with it), and
-    /// checking the whole file when `check_all`.
-    fn open_with(
+    /// [`Self::open`] as `owner` (taken by the caller: `export` tells a
+    /// held directory apart), running `before_checkpoint` before each
+    /// checkpoint's commit (tests hold them back), checking all if asked.
+    pub(super) fn open_with(
         options: &EmbeddedOptions,
+        owner: DirOwner,
         before_checkpoint: BeforeCheckpoint,
         check_all: bool,
     ) -> Result<Self, StoreError> {
-        // The directory first (it is created if missing), then a restore a
-        // kill interrupted is finished, before any file of it is read.
-        let owner = DirOwner::acquire(&options.data_dir, options.role)?;
+        // The caller took the directory (it is created if missing); a
+        // restore a kill interrupted is finished before any file is read.
         swap::finish_interrupted(&options.data_dir)?;
         let path = options.data_dir.join(DATABASE_FILE);
         // Every read redb makes is checked against the block checksums

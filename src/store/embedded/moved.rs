@@ -20,7 +20,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::storage_error;
-use super::swap::sync_dir;
+use super::swap::{sync_dir, write_durably};
 use crate::store::{StoreError, StoreResult};
 
 /// The mark's file in the data directory.
@@ -52,14 +52,8 @@ impl MovedMarker {
     pub fn write(&self, data_dir: &Path) -> StoreResult<()> {
         let text = serde_json::to_vec_pretty(self)
             .map_err(|e| storage_error("cannot write the moved mark", e))?;
-        let temporary = data_dir.join(format!("{MOVED_FILE}.tmp"));
-        let write = || -> std::io::Result<()> {
-            std::fs::write(&temporary, &text)?;
-            std::fs::File::open(&temporary)?.sync_all()?;
-            std::fs::rename(&temporary, data_dir.join(MOVED_FILE))
-        };
-        write().map_err(|e| storage_error("cannot write the moved mark", e))?;
-        sync_dir(data_dir)
+        write_durably(data_dir, MOVED_FILE, &text)
+            .map_err(|e| storage_error("cannot write the moved mark", e))
     }
 
     /// The mark in `data_dir`, if there is one.

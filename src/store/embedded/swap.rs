@@ -119,15 +119,8 @@ impl Swap {
         }
         std::fs::create_dir_all(&self.aside)
             .map_err(|e| storage_error("cannot move the replaced store aside", e))?;
-        for (moved, path) in old.iter().enumerate() {
-            if let Some(name) = path.file_name() {
-                std::fs::rename(path, self.aside.join(name))
-                    .map_err(|e| storage_error("cannot move the replaced store aside", e))?;
-            }
-            if moved == 0 {
-                crash_point("restore-aside-first");
-            }
-        }
+        move_into(&old, &self.aside, "restore-aside-first")
+            .map_err(|e| storage_error("cannot move the replaced store aside", e))?;
         sync_dir(&self.aside)?;
         sync_dir(&self.data_dir)
     }
@@ -146,15 +139,8 @@ impl Swap {
         } else {
             Vec::new()
         };
-        for (moved, path) in staged.iter().enumerate() {
-            if let Some(name) = path.file_name() {
-                std::fs::rename(path, self.data_dir.join(name))
-                    .map_err(|e| storage_error("cannot move the restored store into place", e))?;
-            }
-            if moved == 0 {
-                crash_point("restore-in-first");
-            }
-        }
+        move_into(&staged, &self.data_dir, "restore-in-first")
+            .map_err(|e| storage_error("cannot move the restored store into place", e))?;
         sync_dir(&self.data_dir)
     }
 
@@ -170,14 +156,8 @@ impl Swap {
         };
         let text = serde_json::to_vec_pretty(&journal)
             .map_err(|e| storage_error("cannot write the restore's journal", e))?;
-        let temporary = self.data_dir.join(format!("{JOURNAL_FILE}.tmp"));
-        let write = || -> std::io::Result<()> {
-            std::fs::write(&temporary, &text)?;
-            std::fs::File::open(&temporary)?.sync_all()?;
-            std::fs::rename(&temporary, self.data_dir.join(JOURNAL_FILE))
-        };
-        write().map_err(|e| storage_error("cannot write the restore's journal", e))?;
-        sync_dir(&self.data_dir)
+        write_durably(&self.data_dir, JOURNAL_FILE, &text)
+            .map_err(|e| storage_error("cannot write the restore's journal", e))
     }
 }
 
@@ -215,6 +195,31 @@ pub fn finish_interrupted(data_dir: &Path) -> StoreResult<bool> {
     };
     swap.finish(journal.phase)?;
     Ok(true)
+}
+
+/// Renames each of `files` into `dir` under its own name; `after_first`
+/// is the crash point between the first rename and the rest.
+fn move_into(files: &[PathBuf], dir: &Path, after_first: &str) -> std::io::Result<()> {
+    for (moved, path) in files.iter().enumerate() {
+        if let Some(name) = path.file_name() {
+            std::fs::rename(path, dir.join(name))?;
+        }
+        if moved == 0 {
+            crash_point(after_first);
+        }
+    }
+    Ok(())
+}
+
+/// Replaces `dir/name` with `bytes` so that a crash leaves the old file or
+/// the new one, whole: a temporary file written and synced, renamed over
+/// it, the directory synced.
+pub(super) fn write_durably(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let temporary = dir.join(format!("{name}.tmp"));
+    std::fs::write(&temporary, bytes)?;
+    std::fs::File::open(&temporary)?.sync_all()?;
+    std::fs::rename(&temporary, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 /// Whether `path` is one of a store's files (database, checksums, log).

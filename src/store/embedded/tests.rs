@@ -100,9 +100,13 @@ async fn writes_during_a_checkpoint_are_read_back_folded_and_replayed() {
         let gate = Arc::clone(&checkpoint_gate);
         Arc::new(move || drop(gate.lock().unwrap_or_else(|e| e.into_inner())))
     });
-    let store =
-        EmbeddedStore::open_with(&EmbeddedOptions::new(dir.path()), before_checkpoint, false)
-            .expect("open");
+    let store = EmbeddedStore::open_with(
+        &EmbeddedOptions::new(dir.path()),
+        owner::DirOwner::acquire(dir.path(), "idemd serve").expect("owner"),
+        before_checkpoint,
+        false,
+    )
+    .expect("open");
     let gate = checkpoint_gate.lock().unwrap_or_else(|e| e.into_inner());
     let insert = |record: Record| {
         let store = &store;
