@@ -1,6 +1,9 @@
 //! The `idemd` binary: parses configuration, sets up logging, runs the
 //! server until SIGTERM/SIGINT.
 
+// No function over clippy.toml's `too-many-lines-threshold` (120 code lines).
+#![warn(clippy::too_many_lines)]
+
 use std::process::ExitCode;
 use std::sync::Arc;
 

@@ -18,6 +18,8 @@
 use std::time::Duration;
 
 use scylla::client::session::Session;
+use scylla::response::query_result::QueryResult;
+use scylla::statement::prepared::PreparedStatement;
 use scylla::value::CqlValue;
 
 use super::pending::legacy::{LegacyIndex, LegacyReport};
@@ -190,104 +192,10 @@ pub async fn run_to(
         .await
         .map_err(|e| unavailable("schema agreement", e))?;
 
-    let claim = session
-        .prepare(format!(
-            "INSERT INTO {keyspace}.schema_migrations (version, name, state, owner, claimed_at) \
-             VALUES (?, ?, 'applying', ?, ?) IF NOT EXISTS"
-        ))
-        .await
-        .map_err(|e| unavailable("prepare", e))?;
-    let take_over = session
-        .prepare(format!(
-            "UPDATE {keyspace}.schema_migrations SET owner = ?, claimed_at = ? \
-             WHERE version = ? IF state = 'applying' AND owner = ? AND claimed_at = ?"
-        ))
-        .await
-        .map_err(|e| unavailable("prepare", e))?;
-    let finish = session
-        .prepare(format!(
-            "UPDATE {keyspace}.schema_migrations SET state = 'applied', applied_at = ? \
-             WHERE version = ? IF owner = ?"
-        ))
-        .await
-        .map_err(|e| unavailable("prepare", e))?;
-    let mut read = session
-        .prepare(format!(
-            "SELECT state, owner, claimed_at FROM {keyspace}.schema_migrations WHERE version = ?"
-        ))
-        .await
-        .map_err(|e| unavailable("prepare", e))?;
-    read.set_consistency(options.consistency.serial_read());
-
+    let ledger = Ledger::prepare(&session, keyspace, options).await?;
     let mut report = MigrationReport::default();
     for migration in MIGRATIONS.iter().filter(|m| m.version <= last) {
-        let now = now_ms();
-        let result = session
-            .execute_unpaged(&claim, (migration.version, migration.name, owner, now))
-            .await
-            .map_err(|e| unavailable("claim migration", e))?;
-        let won = rows::named_rows(result)?
-            .first()
-            .map(rows::applied)
-            .transpose()?
-            .unwrap_or(false);
-        let mut mine = won;
-        if !won {
-            // Someone else claimed it: wait for it to be applied, or take
-            // over an abandoned claim.
-            let deadline = tokio::time::Instant::now() + STALE_CLAIM + Duration::from_secs(60);
-            loop {
-                let result = session
-                    .execute_unpaged(&read, (migration.version,))
-                    .await
-                    .map_err(|e| unavailable("read migration state", e))?;
-                let rows = rows::named_rows(result)?;
-                let row = rows.first().ok_or_else(|| {
-                    StoreError::Corrupt("claimed migration row vanished".to_string())
-                })?;
-                let state = rows::text_or_none(row, "state");
-                if state.as_deref() == Some("applied") {
-                    break;
-                }
-                let claimed_at = match row.get("claimed_at") {
-                    Some(Some(CqlValue::BigInt(at))) => *at,
-                    _ => 0,
-                };
-                let stale_ms = i64::try_from(STALE_CLAIM.as_millis()).unwrap_or(i64::MAX);
-                if now_ms() - claimed_at > stale_ms {
-                    let previous_owner = rows::text_or_none(row, "owner").unwrap_or_default();
-                    let result = session
-                        .execute_unpaged(
-                            &take_over,
-                            (
-                                owner,
-                                now_ms(),
-                                migration.version,
-                                previous_owner,
-                                claimed_at,
-                            ),
-                        )
-                        .await
-                        .map_err(|e| unavailable("take over migration", e))?;
-                    if rows::named_rows(result)?
-                        .first()
-                        .map(rows::applied)
-                        .transpose()?
-                        .unwrap_or(false)
-                    {
-                        mine = true;
-                        break;
-                    }
-                }
-                if tokio::time::Instant::now() > deadline {
-                    return Err(StoreError::Unavailable(format!(
-                        "migration {} is claimed by another run that did not finish",
-                        migration.version
-                    )));
-                }
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-        }
+        let mine = ledger.claim(&session, migration, owner).await?;
         if !mine {
             tracing::info!(
                 version = migration.version,
@@ -307,7 +215,7 @@ pub async fn run_to(
             .await
             .map_err(|e| unavailable("schema agreement", e))?;
         session
-            .execute_unpaged(&finish, (now_ms(), migration.version, owner))
+            .execute_unpaged(&ledger.finish, (now_ms(), migration.version, owner))
             .await
             .map_err(|e| unavailable("record migration", e))?;
         tracing::info!(
@@ -335,6 +243,139 @@ pub async fn run_to(
         report.legacy_pending = Some(copied);
     }
     Ok(report)
+}
+
+/// The statements on `schema_migrations`, the ledger that makes one run
+/// apply each migration while concurrent runs (every replica of a rollout
+/// starts with `migrate`) wait for it.
+struct Ledger {
+    /// Claims a migration: inserts its row as `applying` if none exists.
+    claim: PreparedStatement,
+    /// Takes an abandoned claim over (its owner stopped before finishing).
+    take_over: PreparedStatement,
+    /// Marks a migration applied, if this run still owns it.
+    finish: PreparedStatement,
+    /// Reads a migration's state at serial consistency.
+    read: PreparedStatement,
+}
+
+impl Ledger {
+    async fn prepare(
+        session: &Session,
+        keyspace: &str,
+        options: &CqlOptions,
+    ) -> Result<Self, StoreError> {
+        let prepare = |cql: String| async move {
+            session
+                .prepare(cql)
+                .await
+                .map_err(|e| unavailable("prepare", e))
+        };
+        let claim = prepare(format!(
+            "INSERT INTO {keyspace}.schema_migrations (version, name, state, owner, claimed_at) \
+             VALUES (?, ?, 'applying', ?, ?) IF NOT EXISTS"
+        ))
+        .await?;
+        let take_over = prepare(format!(
+            "UPDATE {keyspace}.schema_migrations SET owner = ?, claimed_at = ? \
+             WHERE version = ? IF state = 'applying' AND owner = ? AND claimed_at = ?"
+        ))
+        .await?;
+        let finish = prepare(format!(
+            "UPDATE {keyspace}.schema_migrations SET state = 'applied', applied_at = ? \
+             WHERE version = ? IF owner = ?"
+        ))
+        .await?;
+        let mut read = prepare(format!(
+            "SELECT state, owner, claimed_at FROM {keyspace}.schema_migrations WHERE version = ?"
+        ))
+        .await?;
+        read.set_consistency(options.consistency.serial_read());
+        Ok(Self {
+            claim,
+            take_over,
+            finish,
+            read,
+        })
+    }
+
+    /// Whether this run (`owner`) is to apply `migration`: it claimed it,
+    /// or took over a claim abandoned for [`STALE_CLAIM`]. `false` once
+    /// another run applied it; an error when another run holds it past
+    /// the wait.
+    async fn claim(
+        &self,
+        session: &Session,
+        migration: &Migration,
+        owner: &str,
+    ) -> Result<bool, StoreError> {
+        let result = session
+            .execute_unpaged(
+                &self.claim,
+                (migration.version, migration.name, owner, now_ms()),
+            )
+            .await
+            .map_err(|e| unavailable("claim migration", e))?;
+        if applied(result)? {
+            return Ok(true);
+        }
+        // Someone else claimed it: wait for it to be applied, or take over
+        // an abandoned claim.
+        let deadline = tokio::time::Instant::now() + STALE_CLAIM + Duration::from_secs(60);
+        loop {
+            let result = session
+                .execute_unpaged(&self.read, (migration.version,))
+                .await
+                .map_err(|e| unavailable("read migration state", e))?;
+            let rows = rows::named_rows(result)?;
+            let row = rows
+                .first()
+                .ok_or_else(|| StoreError::Corrupt("claimed migration row vanished".to_string()))?;
+            if rows::text_or_none(row, "state").as_deref() == Some("applied") {
+                return Ok(false);
+            }
+            let claimed_at = match row.get("claimed_at") {
+                Some(Some(CqlValue::BigInt(at))) => *at,
+                _ => 0,
+            };
+            let stale_ms = i64::try_from(STALE_CLAIM.as_millis()).unwrap_or(i64::MAX);
+            if now_ms() - claimed_at > stale_ms {
+                let previous_owner = rows::text_or_none(row, "owner").unwrap_or_default();
+                let result = session
+                    .execute_unpaged(
+                        &self.take_over,
+                        (
+                            owner,
+                            now_ms(),
+                            migration.version,
+                            previous_owner,
+                            claimed_at,
+                        ),
+                    )
+                    .await
+                    .map_err(|e| unavailable("take over migration", e))?;
+                if applied(result)? {
+                    return Ok(true);
+                }
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(StoreError::Unavailable(format!(
+                    "migration {} is claimed by another run that did not finish",
+                    migration.version
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+/// Whether a lightweight transaction's result says it applied.
+fn applied(result: QueryResult) -> Result<bool, StoreError> {
+    Ok(rows::named_rows(result)?
+        .first()
+        .map(rows::applied)
+        .transpose()?
+        .unwrap_or(false))
 }
 
 fn now_ms() -> i64 {

@@ -87,6 +87,24 @@ fn copy_data_dir(from: &Path, to: &Path) {
     }
 }
 
+/// A store in `dir` whose every checkpoint takes the returned gate before
+/// its durable commit: a test holding it keeps a checkpoint running.
+fn open_gated(dir: &std::path::Path) -> (EmbeddedStore, Arc<Mutex<()>>) {
+    let checkpoint_gate = Arc::new(Mutex::new(()));
+    let before_checkpoint: BeforeCheckpoint = Some({
+        let gate = Arc::clone(&checkpoint_gate);
+        Arc::new(move || drop(gate.lock().unwrap_or_else(|e| e.into_inner())))
+    });
+    let store = EmbeddedStore::open_with(
+        &EmbeddedOptions::new(dir),
+        owner::DirOwner::acquire(dir, "idemd serve").expect("owner"),
+        before_checkpoint,
+        false,
+    )
+    .expect("open");
+    (store, checkpoint_gate)
+}
+
 // The gate is held across the writes on purpose: it is what keeps the
 // checkpoint running while they happen (only the checkpoint thread waits
 // for it).
@@ -94,19 +112,7 @@ fn copy_data_dir(from: &Path, to: &Path) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_during_a_checkpoint_are_read_back_folded_and_replayed() {
     let dir = tempfile::tempdir().expect("dir");
-    // Each checkpoint takes the gate before its durable commit.
-    let checkpoint_gate = Arc::new(Mutex::new(()));
-    let before_checkpoint: BeforeCheckpoint = Some({
-        let gate = Arc::clone(&checkpoint_gate);
-        Arc::new(move || drop(gate.lock().unwrap_or_else(|e| e.into_inner())))
-    });
-    let store = EmbeddedStore::open_with(
-        &EmbeddedOptions::new(dir.path()),
-        owner::DirOwner::acquire(dir.path(), "idemd serve").expect("owner"),
-        before_checkpoint,
-        false,
-    )
-    .expect("open");
+    let (store, checkpoint_gate) = open_gated(dir.path());
     let gate = checkpoint_gate.lock().unwrap_or_else(|e| e.into_inner());
     let insert = |record: Record| {
         let store = &store;

@@ -83,6 +83,102 @@ fn count(outcome: &'static str) {
     metrics::counter!(names::PROXY_REQUESTS, "outcome" => outcome).increment(1);
 }
 
+/// The Claim a keyed request makes: the request's method, path, body and
+/// content type are its fingerprint (less the route's ignored fields).
+fn claim_request(
+    endpoint: String,
+    key: String,
+    parts: &http::request::Parts,
+    body: &Bytes,
+    settings: &RouteSettings,
+) -> pb::ClaimRequest {
+    pb::ClaimRequest {
+        endpoint,
+        key,
+        fingerprint: Some(pb::claim_request::Fingerprint::Request(pb::HttpRequest {
+            method: parts.method.to_string(),
+            path: parts
+                .uri
+                .path_and_query()
+                .map_or_else(|| "/".to_string(), ToString::to_string),
+            body: body.to_vec(),
+            content_type: parts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string(),
+            ignore_fields: settings.ignore_fields.clone(),
+        })),
+        wait: (!settings.max_wait.is_zero()).then(|| crate::api::duration(settings.max_wait)),
+        ..Default::default()
+    }
+}
+
+/// The answer to a Claim that did not grant the key: a replay, or the
+/// problem (409, 422) the caller is told.
+fn answer(
+    outcome: Option<pb::claim_response::Outcome>,
+    settings: &RouteSettings,
+) -> http::Response<Body> {
+    use pb::claim_response::Outcome;
+    match outcome {
+        Some(Outcome::Replayed(replayed)) => {
+            count("replayed");
+            replay(replayed.response.unwrap_or_default())
+        }
+        Some(Outcome::InProgress(in_progress)) => {
+            count("in_progress");
+            let mut problem = Problem::new(
+                StatusCode::CONFLICT,
+                "request_in_progress",
+                "a request with this Idempotency-Key is in progress; retry after Retry-After",
+            );
+            problem.retry_after(
+                in_progress
+                    .retry_after
+                    .map_or(Duration::from_secs(1), |d| crate::api::std_duration(&d)),
+            );
+            boxed(problem.response())
+        }
+        Some(Outcome::Mismatch(_)) => {
+            count("mismatch");
+            boxed(
+                Problem::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "idempotency_key_reuse",
+                    "this Idempotency-Key was used for a different request (method, path or body); use a new key for a new operation",
+                )
+                .response(),
+            )
+        }
+        Some(Outcome::Pending(pending)) => {
+            count("pending");
+            let state =
+                pb::State::try_from(pending.state).map_or("STATE_UNSPECIFIED", |s| s.as_str_name());
+            let mut problem = Problem::new(
+                StatusCode::CONFLICT,
+                "outcome_pending",
+                "the outcome of the first request with this Idempotency-Key is not known; it is waiting for an operator's decision",
+            );
+            problem.set("state", json!(state));
+            if settings.expose_failure_reason {
+                problem.set("reason", json!(pending.reason));
+            }
+            boxed(problem.response())
+        }
+        // A granted Claim is the caller's to run (`Proxy::handle`).
+        Some(Outcome::Claimed(_)) | None => boxed(
+            Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "Claim answered without an outcome",
+            )
+            .response(),
+        ),
+    }
+}
+
 impl<S: Services> Proxy<S> {
     /// A proxy calling `services`.
     pub fn new(services: S, settings: &ProxySettings) -> Result<Self, crate::config::ConfigError> {
@@ -157,27 +253,13 @@ impl<S: Services> Proxy<S> {
                 return boxed(problem.response());
             }
         };
-        let claim = pb::ClaimRequest {
-            endpoint: matched.endpoint.clone(),
-            key: key.clone(),
-            fingerprint: Some(pb::claim_request::Fingerprint::Request(pb::HttpRequest {
-                method: parts.method.to_string(),
-                path: parts
-                    .uri
-                    .path_and_query()
-                    .map_or_else(|| "/".to_string(), ToString::to_string),
-                body: body.to_vec(),
-                content_type: parts
-                    .headers
-                    .get(header::CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("")
-                    .to_string(),
-                ignore_fields: settings.ignore_fields.clone(),
-            })),
-            wait: (!settings.max_wait.is_zero()).then(|| crate::api::duration(settings.max_wait)),
-            ..Default::default()
-        };
+        let claim = claim_request(
+            matched.endpoint.clone(),
+            key.clone(),
+            &parts,
+            &body,
+            &settings,
+        );
         let request = grpc_request(claim, &parts.headers, &self.token_header, &connection);
         let claimed = match Idempotency::claim(&self.services, request).await {
             Ok(response) => response.into_inner(),
@@ -186,80 +268,27 @@ impl<S: Services> Proxy<S> {
                 return boxed(Problem::from_status(&status).response());
             }
         };
-        use pb::claim_response::Outcome;
-        match claimed.outcome {
-            Some(Outcome::Claimed(lease)) => {
-                let call = Call {
-                    proxy: self.clone(),
-                    endpoint: matched.endpoint,
-                    key,
-                    lease,
-                    headers: parts.headers.clone(),
-                    connection,
-                    settings,
-                };
-                // Detached from the client's connection: see the module docs.
-                match tokio::spawn(call.run(parts, body)).await {
-                    Ok(response) => response,
-                    Err(error) => boxed(
-                        Problem::new(
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            "internal",
-                            format!("proxy task failed: {error}"),
-                        )
-                        .response(),
-                    ),
-                }
-            }
-            Some(Outcome::Replayed(replayed)) => {
-                count("replayed");
-                replay(replayed.response.unwrap_or_default())
-            }
-            Some(Outcome::InProgress(in_progress)) => {
-                count("in_progress");
-                let mut problem = Problem::new(
-                    StatusCode::CONFLICT,
-                    "request_in_progress",
-                    "a request with this Idempotency-Key is in progress; retry after Retry-After",
-                );
-                problem.retry_after(
-                    in_progress
-                        .retry_after
-                        .map_or(Duration::from_secs(1), |d| crate::api::std_duration(&d)),
-                );
-                boxed(problem.response())
-            }
-            Some(Outcome::Mismatch(_)) => {
-                count("mismatch");
-                boxed(
-                    Problem::new(
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        "idempotency_key_reuse",
-                        "this Idempotency-Key was used for a different request (method, path or body); use a new key for a new operation",
-                    )
-                    .response(),
-                )
-            }
-            Some(Outcome::Pending(pending)) => {
-                count("pending");
-                let state = pb::State::try_from(pending.state)
-                    .map_or("STATE_UNSPECIFIED", |s| s.as_str_name());
-                let mut problem = Problem::new(
-                    StatusCode::CONFLICT,
-                    "outcome_pending",
-                    "the outcome of the first request with this Idempotency-Key is not known; it is waiting for an operator's decision",
-                );
-                problem.set("state", json!(state));
-                if settings.expose_failure_reason {
-                    problem.set("reason", json!(pending.reason));
-                }
-                boxed(problem.response())
-            }
-            None => boxed(
+        let lease = match claimed.outcome {
+            Some(pb::claim_response::Outcome::Claimed(lease)) => lease,
+            other => return answer(other, &settings),
+        };
+        let call = Call {
+            proxy: self.clone(),
+            endpoint: matched.endpoint,
+            key,
+            lease,
+            headers: parts.headers.clone(),
+            connection,
+            settings,
+        };
+        // Detached from the client's connection: see the module docs.
+        match tokio::spawn(call.run(parts, body)).await {
+            Ok(response) => response,
+            Err(error) => boxed(
                 Problem::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "internal",
-                    "Claim answered without an outcome",
+                    format!("proxy task failed: {error}"),
                 )
                 .response(),
             ),

@@ -63,7 +63,9 @@ import java.util.regex.Pattern;
  * wait of {@code max_wait}); another body under the key 422; an undecided outcome 409 {@code
  * outcome_pending} (with the stored reason only on a route that sets {@code exposeFailureReason}).
  * A body that something before the filter already read gets 500 {@code middleware_order}, and the
- * key is not claimed. An exception from the servlet leaves the key UNKNOWN (released when it is, or
+ * key is not claimed. An answer given before the body is read (400 for the key) reads the rest of
+ * it first, up to {@code max_request_bytes}, so that the connection stays usable; one that leaves
+ * the body unread (413) closes the connection ({@code Connection: close}). An exception from the servlet leaves the key UNKNOWN (released when it is, or
  * is caused by, a {@link NoSideEffectException}) and propagates to the container; a 5xx answer
  * releases the key unless the route stores it. The servlet finds its {@link Execution} (for
  * downstream keys) in the request attribute {@link #EXECUTION_ATTRIBUTE}.
@@ -269,6 +271,7 @@ public final class IdempotencyFilter implements Filter {
         chain.doFilter(req, res);
         return;
       }
+      discardBody(request, response, s.maxRequestBytes);
       send(response, problem(400, "idempotency_key_missing",
           method + " " + path + " requires an Idempotency-Key header", Map.of(), null));
       return;
@@ -277,12 +280,15 @@ public final class IdempotencyFilter implements Filter {
     try {
       key = parseKey(value);
     } catch (IllegalArgumentException e) {
+      discardBody(request, response, s.maxRequestBytes);
       send(response, problem(400, "idempotency_key_malformed", "Idempotency-Key " + e.getMessage(),
           Map.of("field", "Idempotency-Key"), null));
       return;
     }
     long declared = request.getContentLengthLong();
     if (declared > s.maxRequestBytes) {
+      // Not read: the caller said it is too large. The connection closes after the answer.
+      closeAfter(response);
       send(response, tooLarge(s));
       return;
     }
@@ -290,7 +296,9 @@ public final class IdempotencyFilter implements Filter {
     try {
       input = request.getInputStream();
     } catch (IllegalStateException readerTaken) {
-      // getReader() was called before this filter: the body is (being) read as characters.
+      // getReader() was called before this filter: the body is (being) read as characters, and
+      // what the reader left unread cannot be drained from here.
+      closeAfter(response);
       orderMistake(response);
       return;
     }
@@ -303,6 +311,8 @@ public final class IdempotencyFilter implements Filter {
     }
     byte[] body = readAtMost(input, s.maxRequestBytes);
     if (body == null) {
+      // The rest of the body is not read: the connection closes after the answer.
+      closeAfter(response);
       send(response, tooLarge(s));
       return;
     }
@@ -462,6 +472,53 @@ public final class IdempotencyFilter implements Filter {
   private static boolean chunked(HttpServletRequest request) {
     String coding = request.getHeader("Transfer-Encoding");
     return coding != null && coding.toLowerCase(Locale.ROOT).contains("chunked");
+  }
+
+  /**
+   * Before an answer given without reading the request body (400 for a missing or malformed key):
+   * reads what is left of the body and drops it, up to {@code limit} bytes (the route's {@code
+   * max_request_bytes}, what the filter would have read anyway), so that the connection can carry
+   * the caller's next request. When the body is longer, or cannot be read, the answer closes the
+   * connection instead ({@link #closeAfter}).
+   *
+   * <p>Without this, the container finds the body unread only once the answer is on its way (Jetty
+   * 12 looks when the request completes, after the answer went out as keep-alive) and closes the
+   * connection without saying so: a client that reuses its pooled connection for the next request
+   * (a POST, which HTTP clients do not resend by themselves) gets no answer at all.
+   */
+  private static void discardBody(
+      HttpServletRequest request, HttpServletResponse response, long limit) {
+    if (request.getContentLengthLong() > limit || !drained(request, limit)) {
+      closeAfter(response);
+    }
+  }
+
+  /** Whether the request's body was read to its end within {@code limit} bytes. */
+  private static boolean drained(HttpServletRequest request, long limit) {
+    try {
+      ServletInputStream input = request.getInputStream();
+      byte[] scratch = new byte[8192];
+      long left = limit + 1;
+      while (left > 0) {
+        int n = input.read(scratch, 0, (int) Math.min(scratch.length, left));
+        if (n < 0) {
+          return true;
+        }
+        left -= n;
+      }
+      return false;
+    } catch (IllegalStateException | IOException readerTakenOrGone) {
+      return false;
+    }
+  }
+
+  /**
+   * Makes the answer close the connection ({@code Connection: close}): for an answer given with
+   * part of the request body unread, which the container would otherwise close the connection over
+   * after an answer that did not say so (see {@link #discardBody}).
+   */
+  private static void closeAfter(HttpServletResponse response) {
+    response.setHeader("Connection", "close");
   }
 
   private static byte[] readAtMost(ServletInputStream input, long limit) throws IOException {

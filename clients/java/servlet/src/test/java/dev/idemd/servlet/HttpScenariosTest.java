@@ -201,7 +201,26 @@ class HttpScenariosTest {
 
   static final HttpClient HTTP = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).build();
 
+  /**
+   * A request's outcome: its reply, or (reply null) the exception that left it without one, and
+   * how long it took either way.
+   */
+  record Sent(Reply reply, Exception failure, long millis) {
+    /** Why there is no reply, for a failure message. */
+    String why() {
+      return "no answer after " + millis + " ms ("
+          + (failure == null ? "no exception" : failure.getClass().getName() + ": " + failure.getMessage())
+          + ")";
+    }
+  }
+
+  /** The reply to {@code request}, or null when the connection closed without one. */
   static Reply send(int port, Map<String, Object> request, String prefix) {
+    return attempt(port, request, prefix).reply();
+  }
+
+  static Sent attempt(int port, Map<String, Object> request, String prefix) {
+    long started = System.nanoTime();
     String body = request.get("body") instanceof String b ? b : "";
     HttpRequest.Builder builder = HttpRequest.newBuilder(
             URI.create("http://127.0.0.1:" + port + request.get("path")))
@@ -218,18 +237,21 @@ class HttpScenariosTest {
       HttpResponse<byte[]> response = HTTP.send(builder.build(), HttpResponse.BodyHandlers.ofByteArray());
       Map<String, List<String>> headers = new HashMap<>();
       response.headers().map().forEach((k, v) -> headers.put(k.toLowerCase(), v));
-      return new Reply(response.statusCode(), headers, response.body());
+      return new Sent(new Reply(response.statusCode(), headers, response.body()), null,
+          (System.nanoTime() - started) / 1_000_000);
     } catch (IOException | InterruptedException e) {
-      return null; // the connection closed without an answer
+      // the connection closed without an answer
+      return new Sent(null, e, (System.nanoTime() - started) / 1_000_000);
     }
   }
 
-  static void check(String at, Map<String, Object> expect, Reply reply, Map<String, byte[]> saved) {
+  static void check(String at, Map<String, Object> expect, Sent sent, Map<String, byte[]> saved) {
+    Reply reply = sent.reply();
     if (Boolean.TRUE.equals(expect.get("failed"))) {
       assertTrue(reply == null || reply.status() >= 500, at + ": expected a failure");
       return;
     }
-    assertNotNull(reply, at + ": no answer");
+    assertNotNull(reply, at + ": " + sent.why());
     String text = new String(reply.body(), StandardCharsets.UTF_8);
     if (expect.containsKey("status")) {
       assertEquals(number(expect.get("status")), reply.status(), at + ": status; body " + text);
@@ -288,7 +310,7 @@ class HttpScenariosTest {
         }
         String prefix = HexFormat.of().formatHex(SecureRandom.getSeed(8));
         Map<String, byte[]> saved = new HashMap<>();
-        Map<String, CompletableFuture<Reply>> started = new HashMap<>();
+        Map<String, CompletableFuture<Sent>> started = new HashMap<>();
         Map<String, String> startedPath = new HashMap<>();
         List<Object> steps = list(scenario.get("steps"));
         for (int index = 0; index < steps.size(); index++) {
@@ -305,23 +327,24 @@ class HttpScenariosTest {
             check(at, expect, started.get(name).get(), saved);
           } else if (step.get("start") instanceof String name) {
             startedPath.put(name, (String) request.get("path"));
-            started.put(name, CompletableFuture.supplyAsync(() -> send(container.port, request, prefix)));
+            started.put(name, CompletableFuture.supplyAsync(() -> attempt(container.port, request, prefix)));
             continue;
           } else if (step.containsKey("parallel")) {
             path = (String) request.get("path");
-            List<CompletableFuture<Reply>> futures = new ArrayList<>();
+            List<CompletableFuture<Sent>> futures = new ArrayList<>();
             for (int i = 0; i < number(step.get("parallel")); i++) {
               Thread[] holder = new Thread[1];
-              CompletableFuture<Reply> f = new CompletableFuture<>();
-              holder[0] = new Thread(() -> f.complete(send(container.port, request, prefix)));
+              CompletableFuture<Sent> f = new CompletableFuture<>();
+              holder[0] = new Thread(() -> f.complete(attempt(container.port, request, prefix)));
               holder[0].start();
               futures.add(f);
             }
             List<Integer> statuses = new ArrayList<>();
             Set<String> bodies = new HashSet<>();
-            for (CompletableFuture<Reply> f : futures) {
-              Reply r = f.get();
-              assertNotNull(r, at + ": a request got no answer");
+            for (CompletableFuture<Sent> f : futures) {
+              Sent sent = f.get();
+              Reply r = sent.reply();
+              assertNotNull(r, at + ": a request got " + sent.why());
               statuses.add(r.status());
               if (expect.get("statuses") instanceof List<?> allowed) {
                 boolean ok = false;
@@ -334,7 +357,7 @@ class HttpScenariosTest {
                 bodies.add(HexFormat.of().formatHex(r.body()));
               }
               if (r.status() == 409 && expect.get("on_409") instanceof Map<?, ?> on409) {
-                check(at, map(on409), r, saved);
+                check(at, map(on409), sent, saved);
               }
             }
             assertTrue(bodies.size() <= 1, at + ": different bodies");
@@ -343,10 +366,10 @@ class HttpScenariosTest {
             }
           } else {
             path = (String) request.get("path");
-            Reply reply = send(container.port, request, prefix);
-            check(at, expect, reply, saved);
-            if (step.get("save_as") instanceof String name && reply != null) {
-              saved.put(name, reply.body());
+            Sent sent = attempt(container.port, request, prefix);
+            check(at, expect, sent, saved);
+            if (step.get("save_as") instanceof String name && sent.reply() != null) {
+              saved.put(name, sent.reply().body());
             }
           }
           if (expect.containsKey("executions")) {
