@@ -332,11 +332,15 @@ impl EmbeddedStore {
                 }
                 Err(error) => return Err(damaged_because(&path, &error.to_string())),
             }
-            match trust {
-                Trust::Rebuild(_) => blocks
+            if matches!(trust, Trust::Rebuild(_)) || blocks.is_unsettled() {
+                // redb has just checked every page it can reach; a block
+                // whose sum may be stale (unsettled) is one it cannot
+                // reach, so summing the file as it is settles the sums.
+                blocks
                     .rebuild()
-                    .map_err(|e| storage_error("cannot compute the block checksums", e))?,
-                Trust::Verified => blocks.verify_all()?,
+                    .map_err(|e| storage_error("cannot compute the block checksums", e))?;
+            } else {
+                blocks.verify_all()?;
             }
         }
         let database = Arc::new(database);

@@ -89,14 +89,15 @@ fn copy_data_dir(from: &Path, to: &Path) {
 
 /// A store in `dir` whose every checkpoint takes the returned gate before
 /// its durable commit: a test holding it keeps a checkpoint running.
-fn open_gated(dir: &std::path::Path) -> (EmbeddedStore, Arc<Mutex<()>>) {
+pub(super) fn open_gated(options: &EmbeddedOptions) -> (EmbeddedStore, Arc<Mutex<()>>) {
+    let dir = options.data_dir.as_path();
     let checkpoint_gate = Arc::new(Mutex::new(()));
     let before_checkpoint: BeforeCheckpoint = Some({
         let gate = Arc::clone(&checkpoint_gate);
         Arc::new(move || drop(gate.lock().unwrap_or_else(|e| e.into_inner())))
     });
     let store = EmbeddedStore::open_with(
-        &EmbeddedOptions::new(dir),
+        options,
         owner::DirOwner::acquire(dir, "idemd serve").expect("owner"),
         before_checkpoint,
         false,
@@ -112,7 +113,7 @@ fn open_gated(dir: &std::path::Path) -> (EmbeddedStore, Arc<Mutex<()>>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_during_a_checkpoint_are_read_back_folded_and_replayed() {
     let dir = tempfile::tempdir().expect("dir");
-    let (store, checkpoint_gate) = open_gated(dir.path());
+    let (store, checkpoint_gate) = open_gated(&EmbeddedOptions::new(dir.path()));
     let gate = checkpoint_gate.lock().unwrap_or_else(|e| e.into_inner());
     let insert = |record: Record| {
         let store = &store;

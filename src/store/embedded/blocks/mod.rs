@@ -23,19 +23,49 @@
 //!
 //! # When the sums can be trusted
 //!
-//! They describe the file as this process last wrote it. On open they are
-//! trusted after a clean close, and after an unclean stop of the *process*
-//! (kill -9, OOM, a panic): the kernel's boot id is unchanged, so every
-//! write the process made is in the page cache and reaches the file; only
-//! the write in flight at the moment of the stop may have landed without
-//! its sums, and the sidecar names it ([`sidecar::Sidecar::in_flight`]), so
-//! those blocks are summed again. They are rebuilt — redb's full integrity
-//! check, then one read of the file — when there are none (first start of
-//! this release on a file), when the machine stopped without a clean close
-//! (writes since the last sync may be torn, and which is not known), and
-//! when the file's first block (redb's header, which every commit writes)
+//! They describe the file as this process last wrote it, and after a
+//! clean close they describe every block. After an unclean stop (kill -9,
+//! OOM, a power loss, or a disk image: a VolumeSnapshot, an LVM or EBS
+//! snapshot, a copied loop device) they still describe every block of
+//! redb's **last durable commit**, whatever the boot:
+//!
+//! - every durable commit is two-phase (quick repair implies it): its pages
+//!   are written, then synced, and only then is the header pointing at them
+//!   written; a sync here writes the sums before the data
+//!   ([`StorageBackend::sync_data`] for [`VerifiedFile`]), so the sums of
+//!   those pages were on the disk before anything referred to them;
+//! - redb never writes a page of its last durable commit again (pages are
+//!   freed only by a later durable commit), so neither those pages nor
+//!   their sums change until the next one is on the disk;
+//! - after the stop, redb opens that commit and reads only its pages, and
+//!   pages it writes afterwards (summed by this process).
+//!
+//! Blocks written after the last sync are another matter: data reach the
+//! disk whenever the kernel writes them back (every 50 ms here:
+//! [`writeback`]), their sums only at the next sync, and an image or a
+//! power loss keeps whatever subset the disk had. Such a block may not
+//! match its sum, but it belongs to no durable commit, so redb does not
+//! read it before writing it again. Which blocks they are is not recorded
+//! (that would cost a sync before every write), so after an unclean stop
+//! the sums are **unsettled**: reads (redb's) stay checked, since they only
+//! reach blocks whose sums hold; the scrub, which reads every block, does
+//! not call a mismatch damage in a block this process has not written,
+//! and counts it instead. A scrub pass that finds every block matching
+//! settles the sums again (recorded in the checksum file, so a restart in
+//! between stays lenient). This replaced a decision by the kernel's boot
+//! id (same boot: the page cache survived), which a disk image restored on
+//! the machine that took it defeats: 4 of 5 such images were refused as
+//! damaged for good.
+//!
+//! The write in flight at the stop is named by the sidecar
+//! ([`sidecar::Sidecar::in_flight`]), so its blocks are summed again on
+//! open. The whole file is checked (redb's full integrity check, then one
+//! read) when there are no sums (first start of this release on a file),
+//! when their computation did not finish, when a clean close left a length
+//! the sums do not cover, and when the file's first block (redb's header)
 //! no longer matches its sum: another program, e.g. an older idemd,
-//! committed to the file since.
+//! committed to it since (or the stop came between a header write and its
+//! sync: the check is then only slow, never wrong).
 //!
 //! # Damage
 //!
@@ -112,6 +142,14 @@ pub(crate) struct Blocks {
     path: PathBuf,
     /// What the file holds that no sync has reached yet ([`writeback`]).
     write_back: WriteBack,
+    /// The sums of blocks outside redb's last durable commit may be stale
+    /// (see the module docs): the scrub counts a mismatch in a block this
+    /// process did not write instead of calling it damage.
+    unsettled: AtomicBool,
+    /// One bit per block this process wrote (or summed from the disk)
+    /// while unsettled: its sum is this process's, so a mismatch in it is
+    /// damage even then.
+    written: Mutex<Vec<u64>>,
 }
 
 impl Blocks {
@@ -165,6 +203,8 @@ impl Blocks {
             damage: OnceLock::new(),
             path: path.to_path_buf(),
             write_back: WriteBack::default(),
+            unsettled: AtomicBool::new(false),
+            written: Mutex::new(Vec::new()),
         };
         let trust = blocks
             .load(previous, len)
@@ -172,6 +212,7 @@ impl Blocks {
         let header = Header {
             complete: trust == Trust::Verified,
             clean: false,
+            unsettled: blocks.is_unsettled(),
             boot_id: sidecar::boot_id(),
             damage: None,
         };
@@ -202,13 +243,9 @@ impl Blocks {
                 "the last computation of its checksums did not finish".into(),
             ));
         }
-        if !previous.clean
-            && (previous.boot_id.is_empty() || previous.boot_id != sidecar::boot_id())
-        {
-            return Ok(Trust::Rebuild(
-                "the machine stopped without a clean close: blocks written since the last sync may be torn".into(),
-            ));
-        }
+        // Whatever the boot: see "When the sums can be trusted".
+        self.unsettled
+            .store(previous.unsettled || !previous.clean, Ordering::Release);
         let entries = self.sidecar.entry_count()?;
         if previous.clean && entries != blocks {
             return Ok(Trust::Rebuild(
@@ -239,6 +276,7 @@ impl Blocks {
                 let sum = self.sum_on_disk(block, &mut buffer)?;
                 write_lock(&self.sums)[to_index(block)] = sum;
                 self.sidecar.write_entries(block, &[sum])?;
+                self.note_written(block, block + 1);
             }
             self.sidecar.mark_in_flight(0, 0)?;
         }
@@ -287,7 +325,9 @@ impl Blocks {
         self.sidecar.mark_in_flight(0, 0)?;
         let mut header = lock(&self.header).clone();
         header.complete = true;
+        header.unsettled = false;
         self.persist_header(header)?;
+        self.unsettled.store(false, Ordering::Release);
         self.verifying.store(true, Ordering::Release);
         tracing::info!(
             mib = len >> 20,
@@ -354,17 +394,77 @@ impl Blocks {
     }
 
     /// Checks blocks `[first, first + buffer.len() / BLOCK)` (those inside
-    /// the file): how many bytes were read. Damage found is reported.
-    pub(super) fn scrub(&self, first: u64, buffer: &mut [u8]) -> io::Result<usize> {
+    /// the file) for the scrub: the bytes read, and how many blocks did not
+    /// match sums that may be stale (unsettled, a block this process did
+    /// not write). Damage found is reported.
+    pub(super) fn scrub(&self, first: u64, buffer: &mut [u8]) -> io::Result<Scrubbed> {
         let len = self.len.load(Ordering::Acquire);
         let start = first * BLOCK as u64;
         if start >= len {
-            return Ok(0);
+            return Ok(Scrubbed::default());
         }
         let n = usize::try_from((len - start).min(buffer.len() as u64)).unwrap_or(0);
         self.data.read(start, &mut buffer[..n])?;
-        self.check(start, &mut buffer[..n], "the scrub")?;
-        Ok(n)
+        let bytes = &mut buffer[..n];
+        if !self.verifying.load(Ordering::Acquire) || self.mismatch(start, bytes).is_none() {
+            return Ok(Scrubbed { bytes: n, stale: 0 });
+        }
+        if let Some(report) = self.damage.get() {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, report.clone()));
+        }
+        // As in `check`: read again under the write lock, then judge each
+        // block that still does not match.
+        let _io = lock(&self.io);
+        self.data.read(start, bytes)?;
+        let unsettled = self.unsettled.load(Ordering::Acquire);
+        let written = lock(&self.written);
+        let mut stale = 0;
+        for block in self.mismatches(start, bytes) {
+            if unsettled && !is_set(&written, block) {
+                stale += 1;
+            } else {
+                drop(written);
+                return Err(self.report_damage(block, "the scrub"));
+            }
+        }
+        Ok(Scrubbed { bytes: n, stale })
+    }
+
+    /// Whether the sums may be stale outside redb's last durable commit.
+    pub(super) fn is_unsettled(&self) -> bool {
+        self.unsettled.load(Ordering::Acquire)
+    }
+
+    /// Records that a scrub pass found every block matching: the sums
+    /// describe the whole file again.
+    pub(super) fn settle(&self) -> io::Result<()> {
+        let _io = lock(&self.io);
+        if !self.unsettled.load(Ordering::Acquire) || self.damage.get().is_some() {
+            return Ok(());
+        }
+        let mut header = lock(&self.header).clone();
+        header.unsettled = false;
+        self.persist_header(header)?;
+        self.unsettled.store(false, Ordering::Release);
+        lock(&self.written).clear();
+        tracing::info!("embedded store: every block matches its checksum again");
+        Ok(())
+    }
+
+    /// Notes blocks `[first, last)` as written by this process (only
+    /// needed while unsettled).
+    fn note_written(&self, first: u64, last: u64) {
+        if !self.unsettled.load(Ordering::Acquire) {
+            return;
+        }
+        let mut written = lock(&self.written);
+        for block in first..last {
+            let (word, bit) = (to_index(block / 64), block % 64);
+            if written.len() <= word {
+                written.resize(word + 1, 0);
+            }
+            written[word] |= 1 << bit;
+        }
     }
 
     /// Checks `bytes`, read at block boundary `start`. A mismatch is read
@@ -400,6 +500,21 @@ impl Blocks {
         })
     }
 
+    /// Every block of `bytes` (read at block boundary `start`) that does
+    /// not match its sum.
+    fn mismatches(&self, start: u64, bytes: &[u8]) -> Vec<u64> {
+        let sums = read_lock(&self.sums);
+        let first = start / BLOCK as u64;
+        bytes
+            .chunks(BLOCK)
+            .enumerate()
+            .filter_map(|(i, chunk)| {
+                let block = first + i as u64;
+                (block != 0 && sums.get(to_index(block)) != Some(&crc32c(chunk))).then_some(block)
+            })
+            .collect()
+    }
+
     /// Records damage in `block` found by `reader` (once: the first report
     /// stays), and the error its reader gets.
     fn report_damage(&self, block: u64, reader: &str) -> io::Error {
@@ -431,6 +546,22 @@ impl Blocks {
         self.data.read(start, &mut buffer[..n])?;
         Ok(crc32c(&buffer[..n]))
     }
+}
+
+/// What one step of the scrub found.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Scrubbed {
+    /// Bytes read.
+    pub(super) bytes: usize,
+    /// Blocks that did not match sums that may be stale (see
+    /// [`Blocks::scrub`]).
+    pub(super) stale: u64,
+}
+
+/// Whether `block`'s bit is set in `bits`.
+fn is_set(bits: &[u64], block: u64) -> bool {
+    bits.get(to_index(block / 64))
+        .is_some_and(|word| word & (1 << (block % 64)) != 0)
 }
 
 /// The sum of a whole block of zeros: what a block the file grew by holds.
@@ -539,6 +670,7 @@ impl StorageBackend for VerifiedFile {
             let sum = blocks.sum_on_disk(block, &mut buffer)?;
             blocks.sidecar.write_entries(block, &[sum])?;
             write_lock(&blocks.sums)[to_index(block)] = sum;
+            blocks.note_written(block, block + 1);
         }
         Ok(())
     }
@@ -561,6 +693,7 @@ impl StorageBackend for VerifiedFile {
         let first = offset / BLOCK as u64;
         let last = (offset + data.len() as u64).div_ceil(BLOCK as u64);
         blocks.sidecar.mark_in_flight(first, last - first)?;
+        blocks.note_written(first, last);
         blocks.write_back.wrote();
         blocks.data.write(offset, data)?;
         let mut changed = Vec::with_capacity(to_index(last - first));

@@ -8,7 +8,11 @@
 //!   12..16   block size (u32 LE)
 //!   16       1 when the sums cover every block of the data file
 //!   17       1 after a clean close (every write synced, nothing in flight)
-//!   24..60   the kernel's boot id when the file was last opened
+//!   18       1 while the sums of blocks outside redb's last durable commit
+//!            may be stale (after an unclean stop, until a scrub pass finds
+//!            every block matching; releases before it leave it 0)
+//!   24..60   the kernel's boot id when the file was last opened (kept for
+//!            diagnosis; the trust decision does not use it)
 //!   64..72   first damaged block found, u64::MAX if none
 //!   72..74   length of the damage report that follows (u16 LE)
 //!   74..1098 the damage report (UTF-8, what found it and when)
@@ -46,9 +50,14 @@ pub(crate) struct Header {
     pub(crate) complete: bool,
     /// The last owner closed cleanly: every write synced.
     pub(crate) clean: bool,
-    /// The kernel's boot id at the last open: the same id after an unclean
-    /// stop means the page cache survived (a killed process, not a lost
-    /// machine), so every write the process made reached the file.
+    /// Blocks outside redb's last durable commit may hold bytes their sums
+    /// do not describe (an unclean stop: see [`super`], "When the sums can
+    /// be trusted"); the scrub does not call them damage until a pass finds
+    /// every block matching.
+    pub(crate) unsettled: bool,
+    /// The kernel's boot id at the last open, for whoever reads the file
+    /// while diagnosing a start: not a reason to trust anything, since a
+    /// disk image restored on the same boot has lost the page cache too.
     pub(crate) boot_id: String,
     /// The damage found, if any: the block and the report.
     pub(crate) damage: Option<(u64, String)>,
@@ -63,6 +72,7 @@ impl Header {
         bytes[12..16].copy_from_slice(&(BLOCK as u32).to_le_bytes());
         bytes[16] = u8::from(self.complete);
         bytes[17] = u8::from(self.clean);
+        bytes[18] = u8::from(self.unsettled);
         let boot = self.boot_id.as_bytes();
         let boot = &boot[..boot.len().min(36)];
         bytes[24..24 + boot.len()].copy_from_slice(boot);
@@ -106,6 +116,7 @@ impl Header {
         Some(Self {
             complete: bytes[16] == 1,
             clean: bytes[17] == 1,
+            unsettled: bytes[18] == 1,
             boot_id,
             damage,
         })
@@ -225,9 +236,8 @@ impl Sidecar {
     }
 }
 
-/// The kernel's boot id ("" where there is none to read): tells a stop of
-/// the process, after which its writes are all in the page cache, from a
-/// stop of the machine, after which writes since the last sync may be torn.
+/// The kernel's boot id ("" where there is none to read): recorded in the
+/// header for diagnosis only.
 pub(crate) fn boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|id| id.trim().to_string())
@@ -243,6 +253,7 @@ mod tests {
         let header = Header {
             complete: true,
             clean: false,
+            unsettled: true,
             boot_id: "0b7c6f1e-2a7b-4a3c-9d9e-0123456789ab".into(),
             damage: Some((7, "block 7 found by the scrub".into())),
         };
