@@ -7,6 +7,8 @@
 //!   log tail, damaged database pages, a full disk.
 //! * `restore`: `idemd restore` over a serving idemd, and killed at each
 //!   step of its swap.
+//! * `image`: idemd started on images of its disk (ext4 on a loop device)
+//!   taken under load, on the same boot and another.
 //! * `cql`: a 3-node Cassandra cluster under two replicas: a node killed,
 //!   a node paused, the quorum lost, the whole cluster restarted.
 //! * `skew`: one of two replicas with its wall clock moved.
@@ -14,6 +16,7 @@
 
 pub mod cql;
 pub mod embedded;
+pub mod image;
 pub mod partition;
 pub mod restore;
 pub mod skew;

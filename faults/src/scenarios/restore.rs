@@ -139,7 +139,7 @@ async fn restore(
 }
 
 /// `into` with `step`'s findings added, each named by its step.
-fn merge(into: Option<Verdict>, step: &str, found: Verdict) -> Verdict {
+pub(crate) fn merge(into: Option<Verdict>, step: &str, found: Verdict) -> Verdict {
     let Some(mut into) = into else {
         return found;
     };
