@@ -318,6 +318,12 @@ pub fn parse_tokens(path: &Path, text: &str) -> Result<TokenTable, TokenFileErro
 }
 
 /// Resolves the tenant of each request.
+///
+/// # Where its methods live
+///
+/// Here, except protected mode (with auth off, which peers are served at
+/// all), in `protected.rs` with its reasons: a policy of its own that
+/// reads one field of this type.
 #[derive(Debug, Clone)]
 pub struct Authenticator {
     /// `None`: auth off. Otherwise the live token table (swapped on reload).

@@ -104,6 +104,17 @@ pub const DEFAULT_PAGE_SIZE: usize = 100;
 pub const MAX_PAGE_SIZE: usize = 1000;
 
 /// The engine. One per process, shared by every RPC.
+///
+/// # Where its methods live
+///
+/// `impl Engine` is split by operation, one file per family of RPCs, as
+/// CODE_STYLE.md allows for a service's front type: `claim.rs` (Claim and
+/// what it waits on), `finish.rs` (Complete, Fail, ExtendLease),
+/// `reconcile.rs` (Lookup, ListPending, Reconcile), `transitions.rs` (the
+/// audit and metrics of a state change), and this file (construction,
+/// identity, the sweeps). Every one of them works on the same fields and
+/// calls the others' helpers; as separate types each would hold a copy of
+/// the store, the clock, the caches and the waiters.
 pub struct Engine {
     /// Where records live.
     store: Arc<dyn Store>,

@@ -551,3 +551,129 @@ fn every_metric_is_documented() {
         "metrics missing from the table of docs/operations.md: {missing:?}"
     );
 }
+
+/// Inherent `impl` blocks (`impl Type`, `impl<T> Type<T>`; not `impl Trait
+/// for Type`) in `code`: the type's name.
+fn inherent_impls(code: &str) -> Vec<String> {
+    code.lines()
+        .map(str::trim_start)
+        .filter(|line| line.starts_with("impl ") || line.starts_with("impl<"))
+        .filter(|line| !line.contains(" for "))
+        .filter_map(|line| {
+            let mut rest = &line[4..];
+            if rest.starts_with('<') {
+                let mut depth = 0;
+                let end = rest.char_indices().find(|&(_, c)| {
+                    depth += match c {
+                        '<' => 1,
+                        '>' => -1,
+                        _ => 0,
+                    };
+                    depth == 0
+                })?;
+                rest = &rest[end.0 + 1..];
+            }
+            let path = rest.trim_start();
+            let end = path
+                .find(|c: char| !(is_ident(c) || c == ':'))
+                .unwrap_or(path.len());
+            path[..end].rsplit("::").next().map(str::to_string)
+        })
+        .filter(|name| !name.is_empty())
+        .collect()
+}
+
+/// The names of the structs and enums `code` defines.
+fn defined_types(code: &str) -> Vec<String> {
+    code.lines()
+        .map(str::trim_start)
+        .filter_map(|line| {
+            let line = line
+                .strip_prefix("pub(crate) ")
+                .or_else(|| line.strip_prefix("pub(super) "))
+                .or_else(|| line.strip_prefix("pub "))
+                .unwrap_or(line);
+            line.strip_prefix("struct ")
+                .or_else(|| line.strip_prefix("enum "))
+        })
+        .map(|rest| {
+            rest.chars()
+                .take_while(|&c| is_ident(c))
+                .collect::<String>()
+        })
+        .filter(|name| !name.is_empty())
+        .collect()
+}
+
+/// Where each `impl` is in `modules`: the impls of a type outside the files
+/// that define it, as `Type (defined in a.rs) in b.rs`, unless the defining
+/// file's `# Where its methods live` names `b.rs` (CODE_STYLE.md).
+fn impls_outside_their_home(modules: &BTreeMap<Module, (PathBuf, String)>) -> Vec<String> {
+    let src = root().join("src");
+    let relative = |path: &Path| {
+        path.strip_prefix(&src)
+            .unwrap_or(path)
+            .display()
+            .to_string()
+    };
+    let mut homes: BTreeMap<String, Vec<&PathBuf>> = BTreeMap::new();
+    for (path, code) in modules.values() {
+        for name in defined_types(code) {
+            homes.entry(name).or_default().push(path);
+        }
+    }
+    let mut outside = Vec::new();
+    for (path, code) in modules.values() {
+        // Test modules build helpers on the types they test.
+        let code = code.split("#[cfg(test)]").next().unwrap_or("");
+        for name in inherent_impls(code) {
+            let Some(defined_in) = homes.get(&name) else {
+                continue;
+            };
+            if defined_in.contains(&path) {
+                continue;
+            }
+            let file = format!(
+                "`{}`",
+                path.file_name().unwrap_or_default().to_string_lossy()
+            );
+            let listed = defined_in.iter().any(|home| {
+                let text = std::fs::read_to_string(home).unwrap_or_default();
+                text.split("# Where its methods live")
+                    .nth(1)
+                    .is_some_and(|section| {
+                        section
+                            .lines()
+                            .skip(1)
+                            .take_while(|l| l.trim_start().starts_with("///"))
+                            .any(|l| l.contains(&file))
+                    })
+            });
+            if !listed {
+                outside.push(format!(
+                    "{name} (defined in {}) in {}",
+                    defined_in
+                        .iter()
+                        .map(|p| relative(p))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    relative(path)
+                ));
+            }
+        }
+    }
+    outside.sort();
+    outside.dedup();
+    outside
+}
+
+#[test]
+fn every_impl_is_in_its_types_home() {
+    let outside = impls_outside_their_home(&modules());
+    assert!(
+        outside.is_empty(),
+        "impl blocks outside the file that defines their type, and not listed in its \
+         `# Where its methods live` (CODE_STYLE.md):\n{}",
+        outside.join("\n")
+    );
+}

@@ -128,7 +128,7 @@ use super::{
     StoreError, StoreResult, response,
 };
 use crate::crypto::Keyring;
-use blocks::{Blocks, Scrubber, Trust, VerifiedFile};
+use blocks::{Blocks, Scrubber, VerifiedFile};
 pub use blocks::{DEFAULT_SCRUB_INTERVAL, DEFAULT_SCRUB_RATE, SUMS_FILE, ScrubOptions};
 use checkpoint::{BeforeCheckpoint, Checkpointer};
 pub use failure::exit_on_storage_failure;
@@ -305,44 +305,8 @@ impl EmbeddedStore {
             }
             other => storage_error(&format!("cannot open {}", path.display()), other),
         })?;
-        let full_check = match &trust {
-            Trust::Rebuild(reason) => Some(reason.clone()),
-            Trust::Verified if check_all => Some("asked to check the whole file".to_string()),
-            Trust::Verified => None,
-        };
-        if let Some(reason) = &full_check {
-            // The checksums cannot vouch for the file: redb checks every
-            // page (and a file that fails is refused, even one redb could
-            // "repair": its repair drops what it cannot read, which may be
-            // acknowledged records), then the file is summed. One read of
-            // the file, once (docs/reliability.md).
-            tracing::warn!(
-                path = %path.display(),
-                %reason,
-                "embedded store: checking the whole database file before serving"
-            );
-            let verified = without_panics(&path, || database.check_integrity())?;
-            match verified {
-                Ok(true) => {}
-                Ok(false) => {
-                    return Err(damaged_because(
-                        &path,
-                        "it failed redb's integrity check (redb repaired it, possibly dropping records)",
-                    ));
-                }
-                Err(error) => return Err(damaged_because(&path, &error.to_string())),
-            }
-            if matches!(trust, Trust::Rebuild(_)) || blocks.is_unsettled() {
-                // redb has just checked every page it can reach; a block
-                // whose sum may be stale (unsettled) is one it cannot
-                // reach, so summing the file as it is settles the sums.
-                blocks
-                    .rebuild()
-                    .map_err(|e| storage_error("cannot compute the block checksums", e))?;
-            } else {
-                blocks.verify_all()?;
-            }
-        }
+        let full_check =
+            recovery::check_whole_file(&path, &mut database, &blocks, &trust, check_all)?;
         let database = Arc::new(database);
         // Create the tables up front so that read transactions never see a
         // missing table.

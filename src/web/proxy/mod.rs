@@ -38,6 +38,7 @@
 //! `x-tenant-id`. A token header other than `authorization` is not
 //! forwarded to the upstream.
 
+mod stream;
 pub mod upstream;
 
 use std::convert::Infallible;
@@ -52,12 +53,13 @@ use hyper::body::Incoming;
 use serde_json::json;
 
 use super::problem::Problem;
-use super::serve::{Body, BoxError, boxed, full};
+use super::serve::{Body, boxed, full};
 use super::{Connection, Services, grpc_request};
 use crate::config::routes::{KeyRule, On5xx, ProxySettings, RouteSettings, Routes};
 use crate::metrics as names;
 use crate::proto::v1 as pb;
 use crate::proto::v1::idempotency_server::Idempotency;
+use stream::stream_back;
 use upstream::{Upstream, UpstreamError, strip_hop_by_hop};
 
 /// The request header carrying the key.
@@ -522,56 +524,6 @@ enum Answer {
     /// An answer over `max_response_bytes`: the part read so far and the
     /// rest, streamed back.
     TooLarge(http::response::Parts, Bytes, Incoming),
-}
-
-/// The upstream's answer to the caller: hop-by-hop headers removed, the
-/// bytes already read first, then the rest of the body as it arrives.
-fn stream_back(response: http::Response<Incoming>, first: Bytes) -> http::Response<Body> {
-    let (mut head, body) = response.into_parts();
-    strip_hop_by_hop(&mut head.headers);
-    if !first.is_empty() {
-        // The length is the upstream's; the body below is all of it.
-        let prefix = http_body_util::Full::new(first).map_err(|never| match never {});
-        let rest = body.map_err(|e| Box::new(e) as BoxError);
-        let chained = Chain {
-            first: Some(prefix),
-            rest,
-        };
-        return http::Response::from_parts(head, chained.boxed_unsync());
-    }
-    http::Response::from_parts(
-        head,
-        body.map_err(|e| Box::new(e) as BoxError).boxed_unsync(),
-    )
-}
-
-/// One body after another.
-struct Chain<A, B> {
-    first: Option<A>,
-    rest: B,
-}
-
-impl<A, B> hyper::body::Body for Chain<A, B>
-where
-    A: hyper::body::Body<Data = Bytes, Error = BoxError> + Unpin,
-    B: hyper::body::Body<Data = Bytes, Error = BoxError> + Unpin,
-{
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
-        use std::task::Poll;
-        if let Some(first) = self.first.as_mut() {
-            match std::pin::Pin::new(first).poll_frame(cx) {
-                Poll::Ready(None) => self.first = None,
-                other => return other,
-            }
-        }
-        std::pin::Pin::new(&mut self.rest).poll_frame(cx)
-    }
 }
 
 /// A stored answer, replayed.

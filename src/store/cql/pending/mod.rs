@@ -171,6 +171,15 @@ impl SealTiming {
 }
 
 /// The pending index of one store (see the module docs).
+///
+/// # Where its methods live
+///
+/// `impl PendingIndex` is split by pass, as CODE_STYLE.md allows for a
+/// service's front type: this file (construction, what a write adds to the
+/// index), `scan.rs` (ListPending's read of the buckets), `seal.rs` (the
+/// sealer that moves watermarks and overdue entries), `cleanup.rs` (the
+/// removal of entries whose record moved on). The passes share the
+/// prepared statements and the session this type holds.
 pub(super) struct PendingIndex {
     /// The store's session.
     session: Arc<Session>,
