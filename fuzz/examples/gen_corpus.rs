@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use idemd::proto::v1 as pb;
 use idemd::store::embedded::codec;
-use idemd::store::{Record, RecordKey, RecordState, StoredResponse};
+use idemd::store::{RecordKey, RecordState};
 use prost::Message;
 
 fn dir(root: &Path, target: &str) -> PathBuf {
@@ -82,37 +82,6 @@ fn vectors(repo: &Path) -> Vec<Vector> {
             }
         })
         .collect()
-}
-
-fn sample_record() -> Record {
-    Record {
-        id: RecordKey {
-            tenant: "t".into(),
-            endpoint: "POST /v1/payments".into(),
-            key: "k-1".into(),
-        },
-        state: RecordState::Completed,
-        fingerprint: vec![7; 32],
-        attempt: 2,
-        lease_token: "tok".into(),
-        attempt_id: "a".into(),
-        created_at_ms: -5,
-        updated_at_ms: 10,
-        lease_expires_at_ms: 20,
-        completed_at_ms: Some(30),
-        expires_at_ms: 40,
-        response: Some(StoredResponse {
-            status: 201,
-            headers: vec![
-                ("b".into(), "1".into()),
-                ("a".into(), "2".into()),
-                ("b".into(), "3".into()),
-            ],
-            body: vec![0, 1, 255],
-            body_ref: String::new(),
-        }),
-        reason: "why".into(),
-    }
 }
 
 fn duration(ms: i64) -> Option<prost_types::Duration> {
@@ -262,7 +231,7 @@ fn main() {
             include_response: true,
         },
     );
-    let record = sample_record();
+    let record = codec::sample_record();
     request(
         &out,
         "list pending",
@@ -349,7 +318,7 @@ fn main() {
     // the sealed branch unexercised without anyone noticing.
     let (_, envelope) =
         codec::decode_record_value(sealed.id.clone(), &sealed_bytes).expect("decode the seed");
-    let opened = idemd::crypto::open_response(
+    let opened = idemd::store::response::open(
         Some(&keyring),
         &sealed.id,
         &envelope.expect("the seed is sealed"),
@@ -362,7 +331,7 @@ fn main() {
     );
     write(&out, "record sealed", &sealed_bytes);
     if let Some(response) = &record.response {
-        write(&out, "response", &codec::encode_response(response));
+        write(&out, "response", &idemd::store::response::encode(response));
     }
     write(&out, "record key", &codec::record_key(&record.id));
     write(&out, "expiry key", &codec::expiry_key(40, &record.id));

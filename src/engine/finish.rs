@@ -27,10 +27,9 @@ impl Engine {
         validate::lease_token(lease_token)?;
         let policy = self.policies.for_endpoint(endpoint);
         validate::response("response", &response, policy.max_response_bytes)?;
-        let mut granted = self.granted.take(&id, lease_token);
-        for _ in 0..MAX_CAS_ROUNDS {
-            let now = self.now();
-            let Some(record) = self.held(&id, lease_token, now, &mut granted).await? else {
+        let mut rounds = HeldRounds::new(self, &id, lease_token);
+        while let Some((now, held)) = rounds.next().await? {
+            let Some(record) = held else {
                 return Err(no_live_claim());
             };
             match record.state {
@@ -94,10 +93,9 @@ impl Engine {
                 "must be RELEASE, UNKNOWN or FAILED",
             ));
         };
-        let mut granted = self.granted.take(&id, lease_token);
-        for _ in 0..MAX_CAS_ROUNDS {
-            let now = self.now();
-            let record = match self.held(&id, lease_token, now, &mut granted).await? {
+        let mut rounds = HeldRounds::new(self, &id, lease_token);
+        while let Some((now, held)) = rounds.next().await? {
+            let record = match held {
                 Some(record) => record,
                 // Releasing is idempotent: the claim being gone is the goal.
                 None if disposition == Disposition::Release => return Ok(()),
@@ -171,10 +169,9 @@ impl Engine {
         if let Some(why) = self.skew.distrusts_clock(policy.max_clock_skew) {
             return Err(EngineError::ClockOffset(why));
         }
-        let mut granted = self.granted.take(&id, lease_token);
-        for _ in 0..MAX_CAS_ROUNDS {
-            let now = self.now();
-            let Some(record) = self.held(&id, lease_token, now, &mut granted).await? else {
+        let mut rounds = HeldRounds::new(self, &id, lease_token);
+        while let Some((now, held)) = rounds.next().await? {
+            let Some(record) = held else {
                 return Err(no_live_claim());
             };
             match record.state {
@@ -200,20 +197,50 @@ impl Engine {
         }
         Err(contention())
     }
+}
 
-    /// The record a holder's call starts from: the claim as this engine
-    /// granted it (first round only; see [`super::granted`]), else the live
-    /// record read from the store and fenced by the token.
-    async fn held(
-        &self,
-        id: &RecordKey,
-        lease_token: &str,
-        now: i64,
-        granted: &mut Option<Record>,
-    ) -> EngineResult<Option<Record>> {
-        match granted.take() {
-            Some(record) => Ok(Some(record)),
-            None => self.fenced(id, lease_token, now).await,
+/// The rounds of a holder's conditional write (Complete, Fail,
+/// ExtendLease): each gives the time and the record to start from, at most
+/// [`MAX_CAS_ROUNDS`] times (each lost race means another caller made
+/// progress on the key; then [`contention`]).
+struct HeldRounds<'a> {
+    /// The engine whose store and clock the rounds use.
+    engine: &'a Engine,
+    /// The key held.
+    id: &'a RecordKey,
+    /// The holder's token: what fences every read.
+    lease_token: &'a str,
+    /// The claim as this engine granted it, for the first round only (see
+    /// [`super::granted`]): a later round reads the store.
+    granted: Option<Record>,
+    /// Rounds left.
+    left: usize,
+}
+
+impl<'a> HeldRounds<'a> {
+    fn new(engine: &'a Engine, id: &'a RecordKey, lease_token: &'a str) -> Self {
+        Self {
+            engine,
+            id,
+            lease_token,
+            granted: engine.granted.take(id, lease_token),
+            left: MAX_CAS_ROUNDS,
         }
+    }
+
+    /// The next round's time and record (the live record fenced by the
+    /// token, `None` when the holder has no live claim); `None` once the
+    /// rounds are spent.
+    async fn next(&mut self) -> EngineResult<Option<(i64, Option<Record>)>> {
+        if self.left == 0 {
+            return Ok(None);
+        }
+        self.left -= 1;
+        let now = self.engine.now();
+        let held = match self.granted.take() {
+            Some(record) => Some(record),
+            None => self.engine.fenced(self.id, self.lease_token, now).await?,
+        };
+        Ok(Some((now, held)))
     }
 }
