@@ -188,7 +188,8 @@ bench-smoke:
 
 ## faults-smoke: the short fault-injection profile (faults/, docs/reliability.md):
 ## 10 kill -9 cycles, 2 SIGSTOP pauses, a torn log tail, a damaged database
-## file, 10 disk images (ext4 on a loop device: needs root) and a full disk (a tmpfs in a mount namespace of its own, `unshare
+## file, 10 disk images (ext4 on a loop device: needs root), kills inside
+## the file's resizes and a full disk (a tmpfs in a mount namespace of its own, `unshare
 ## -rm`) under careful clients, checked for double execution, lost writes and
 ## claims, wrong replays and unanswered calls; then, on a 3-node Cassandra
 ## cluster, one replica's clock moved ±3 s and the three partitions (inside a

@@ -10,7 +10,10 @@
 //!   cannot find;
 //! * `idemd restore`, between each step of its swap
 //!   (`store::embedded::swap`; the fault suite's `restore-guard`): a crash
-//!   must leave either the old store or the restored one, never none.
+//!   must leave either the old store or the restored one, never none;
+//! * the embedded store's resize of its database file, between the sums and
+//!   the file, and after both (`store::embedded::blocks`; the fault suite's
+//!   `resize-kill`): a crash must leave nothing the next open calls damage.
 //!
 //! Compiled into every build, not only the tests': the fault suite drives
 //! the release binary users run, and a hook that only aborts the process

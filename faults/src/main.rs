@@ -55,7 +55,7 @@ use harness::report::{Profile, Report};
 use harness::run::Setup;
 use harness::workload::Load;
 use plumbing::cluster::{Cluster, ClusterSpec, Placement};
-use scenarios::{cql, embedded, image, partition, restore, skew};
+use scenarios::{cql, embedded, image, partition, resize, restore, skew};
 
 /// Command line of `idemd-faults`.
 #[derive(Debug, Parser)]
@@ -68,7 +68,7 @@ struct Args {
     #[arg(long)]
     idemd_bin: PathBuf,
     /// Only these scenarios (kill9, pause, torn-wal, corrupt-page,
-    /// damage-unscrubbed, backup-restore, restore-guard, disk-image, full-disk, cql-node-kill, cql-node-pause, cql-quorum-loss,
+    /// damage-unscrubbed, backup-restore, restore-guard, disk-image, resize-kill, full-disk, cql-node-kill, cql-node-pause, cql-quorum-loss,
     /// cql-cluster-restart, cql-clock-skew, cql-mixed-fleet, cql-partition-node, cql-partition-dc,
     /// cql-partition-replica, cql-partition-split; of the CQL ones the
     /// short profile runs the clock skew and the partitions).
@@ -191,6 +191,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if wanted("disk-image") {
         report(image::disk_image(&setup, 10).await?);
+    }
+    if wanted("resize-kill") {
+        report(resize::resize_kill(&setup).await?);
     }
     if wanted("full-disk") {
         let rounds = match args.profile {

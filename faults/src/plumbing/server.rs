@@ -36,6 +36,8 @@ pub struct Server {
     /// A command the binary runs under (`nsenter` into a namespace of the
     /// scenario's, `env` with libfaketime); empty: none.
     wrapper: Vec<String>,
+    /// Environment variables of the next starts (`IDEMD_CRASH_AT`).
+    env: Vec<(String, String)>,
 }
 
 /// A port nobody listens on now (the kernel's pick, then released).
@@ -61,6 +63,7 @@ impl Server {
             child: None,
             extra,
             wrapper: Vec::new(),
+            env: Vec::new(),
         })
     }
 
@@ -77,6 +80,30 @@ impl Server {
     pub fn wrapped(mut self, wrapper: Vec<String>) -> Self {
         self.wrapper = wrapper;
         self
+    }
+
+    /// Sets the environment of the next starts (replacing what was set
+    /// before; empty: none beyond the suite's own).
+    pub fn set_env(&mut self, env: Vec<(String, String)>) {
+        self.env = env;
+    }
+
+    /// Waits up to `limit` for the process to exit on its own: its status,
+    /// or `None` if it still runs.
+    pub async fn wait_exit(
+        &mut self,
+        limit: Duration,
+    ) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        let Some(child) = self.child.as_mut() else {
+            return Ok(None);
+        };
+        match tokio::time::timeout(limit, child.wait()).await {
+            Ok(status) => {
+                self.child = None;
+                Ok(Some(status?))
+            }
+            Err(_) => Ok(None),
+        }
     }
 
     /// Runs `bin` from the next start on (same address, data directory and
@@ -111,6 +138,7 @@ impl Server {
             .args(["--log-format", "json", "--data-dir"])
             .arg(&self.data_dir)
             .args(&self.extra)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

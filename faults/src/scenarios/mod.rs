@@ -9,6 +9,7 @@
 //!   step of its swap.
 //! * `image`: idemd started on images of its disk (ext4 on a loop device)
 //!   taken under load, on the same boot and another.
+//! * `resize`: the embedded store killed inside a resize of its file.
 //! * `cql`: a 3-node Cassandra cluster under two replicas: a node killed,
 //!   a node paused, the quorum lost, the whole cluster restarted.
 //! * `skew`: one of two replicas with its wall clock moved.
@@ -18,5 +19,6 @@ pub mod cql;
 pub mod embedded;
 pub mod image;
 pub mod partition;
+pub mod resize;
 pub mod restore;
 pub mod skew;

@@ -65,7 +65,19 @@ impl StorageBackend for VerifiedFile {
         // which the next open cuts back (see `load`).
         blocks.sidecar.set_entry_count(count)?;
         blocks.sidecar.write_entries(kept, &added)?;
+        // The fault suite's `resize-kill` stops here: the sums resized, the
+        // file not yet.
+        crate::crash::crash_point(if new_len >= old_len {
+            "resize-grow-sums"
+        } else {
+            "resize-shrink-sums"
+        });
         blocks.data.set_len(new_len)?;
+        crate::crash::crash_point(if new_len >= old_len {
+            "resize-grow-data"
+        } else {
+            "resize-shrink-data"
+        });
         blocks.len.store(new_len, Ordering::Release);
         let mut sums = write_lock(&blocks.sums);
         sums.truncate(to_index(kept));
