@@ -300,3 +300,51 @@ async fn a_store_moved_to_cql_is_refused_unless_allowed() {
     assert!(!data.join(MOVED_FILE).exists(), "the mark is removed");
     kill9(rollback);
 }
+
+/// A lease does not run while idemd is down (docs/design.md): a key claimed
+/// with a 3 s lease, idemd killed for 5 s, is still the holder's after the
+/// restart: a retry is told `in_progress` (not `pending`, and never granted
+/// under `takeover`), and the holder completes it. Fails without the
+/// heartbeat's credit (`store::embedded::alive`): the lease ended while
+/// nobody could reach idemd to extend it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_does_not_run_while_idemd_is_down() {
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let data = scratch.path().join("data");
+    let server = spawn(&data, &[]);
+    let mut request = claim(PAYMENTS, "held", 7);
+    request.lease = Some(dur(std::time::Duration::from_secs(3)));
+    let claimed = connect(server.addr)
+        .await
+        .claim(as_tenant(TENANT, request))
+        .await
+        .expect("claim")
+        .into_inner();
+    let Some(pb::claim_response::Outcome::Claimed(lease)) = claimed.outcome else {
+        panic!("a fresh key is claimed: {claimed:?}");
+    };
+    kill9(server);
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+
+    let server = spawn(&data, &[]);
+    assert_eq!(
+        claim_outcome(server.addr, "held").await.0,
+        "in_progress",
+        "a retry after the restart: the holder's lease must not have run while idemd was down"
+    );
+    connect(server.addr)
+        .await
+        .complete(as_tenant(
+            TENANT,
+            pb::CompleteRequest {
+                endpoint: PAYMENTS.into(),
+                key: "held".into(),
+                lease_token: lease.lease_token,
+                response: Some(sample_response("held")),
+            },
+        ))
+        .await
+        .expect("the holder completes after the restart");
+    assert_eq!(claim_outcome(server.addr, "held").await.0, "replayed");
+    kill9(server);
+}

@@ -320,6 +320,12 @@ pub fn decode_pending_position(
     ))
 }
 
+/// Decodes a whole pending-index key: its `pending_since` and record key.
+pub fn decode_pending_key(mut bytes: &[u8]) -> Result<(i64, RecordKey), CodecError> {
+    let tenant = take_frame(&mut bytes)?.to_string();
+    decode_pending_position(&tenant, bytes)
+}
+
 /// A record with every field set and a response with a repeated header:
 /// the codec's round-trip tests and the fuzz corpus
 /// (`fuzz/examples/gen_corpus.rs`) start from this one record, so the

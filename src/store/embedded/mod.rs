@@ -92,6 +92,7 @@
 //! batch. Records it returns (an existing record, a conflict) carry their
 //! sealed response out of the writer thread and are opened by the caller.
 
+pub mod alive;
 pub mod backup;
 #[cfg(test)]
 mod backup_tests;
@@ -199,7 +200,7 @@ impl EmbeddedOptions {
             cache_bytes: DEFAULT_CACHE_BYTES,
             keyring: None,
             scrub: ScrubOptions::default(),
-            role: "idemd serve",
+            role: SERVE_ROLE,
         }
     }
 }
@@ -227,11 +228,17 @@ pub struct EmbeddedStore {
     /// Why the open checked the whole file, if it did (the growth bench
     /// and the tests tell a start that read the file from one that did not).
     full_check: Option<String>,
+    /// Writes the instant the store last served ([`alive`]); `None` unless
+    /// `idemd serve` opened it.
+    _heartbeat: Option<alive::Heartbeat>,
     /// The data directory's owner lock, held as long as the store: no
     /// restore, copy or second server touches the directory meanwhile.
     /// Last, so it is released after everything above closed the files.
     _owner: DirOwner,
 }
+
+/// The role of a process that opens the store to serve (the default).
+pub const SERVE_ROLE: &str = "idemd serve";
 
 impl std::fmt::Debug for EmbeddedStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -333,6 +340,11 @@ impl EmbeddedStore {
         let seq = without_panics(&path, || recovery::recover(&database, &wal))??;
         // Everything replayed is durable in redb now: the log starts over.
         wal.reset();
+        // Only a server beats: a copy or a backup holding the directory is
+        // time nobody could serve from it ([`alive`]).
+        let heartbeat = (options.role == SERVE_ROLE)
+            .then(|| alive::credit_and_beat(options, &database))
+            .transpose()?;
 
         let stats = Arc::new(WriterStats::default());
         let overlay = Overlay::default();
@@ -372,6 +384,7 @@ impl EmbeddedStore {
             blocks,
             scrubber: Mutex::new(scrubber),
             full_check,
+            _heartbeat: heartbeat,
             _owner: owner,
         })
     }

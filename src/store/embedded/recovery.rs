@@ -7,10 +7,11 @@ use std::path::Path;
 use redb::{Database, ReadableTable};
 
 use super::blocks::{Blocks, Trust};
+use super::codec;
 use super::failure::{damaged_because, storage_error, without_panics};
-use super::tables::{META, META_WAL_SEQ, RedbTables, record_seq};
+use super::tables::{META, META_WAL_SEQ, PENDING, RECORDS, RedbTables, record_seq};
 use super::wal;
-use crate::store::{StoreError, StoreResult};
+use crate::store::{RecordState, StoreError, StoreResult};
 
 /// Replays the log frames newer than the durable redb state (see [`wal`])
 /// and commits the result durably; returns the last frame's sequence.
@@ -93,4 +94,85 @@ pub(super) fn check_whole_file(
         blocks.verify_all()?;
     }
     Ok(Some(reason))
+}
+
+/// Adds `now_ms - last_alive_ms` (the time the store could not serve) to
+/// every lease that was live at `last_alive_ms`, up to its record's expiry
+/// (see [`super::alive`]). Found through the pending index, whose entries
+/// of IN_PROGRESS records are keyed by their lease's end: only keys in
+/// flight are read, never every record. One durable commit; returns how
+/// many leases were credited.
+pub(super) fn credit_leases(
+    database: &Database,
+    keyring: Option<&crate::crypto::Keyring>,
+    last_alive_ms: i64,
+    now_ms: i64,
+) -> StoreResult<usize> {
+    let credit = now_ms.saturating_sub(last_alive_ms);
+    if credit <= 0 {
+        return Ok(0);
+    }
+    let mut txn = database
+        .begin_write()
+        .map_err(|e| storage_error("begin write", e))?;
+    txn.set_quick_repair(true);
+    let mut credited = 0;
+    {
+        let mut records = txn
+            .open_table(RECORDS)
+            .map_err(|e| storage_error("open", e))?;
+        let mut pending = txn
+            .open_table(PENDING)
+            .map_err(|e| storage_error("open", e))?;
+        let corrupt = |e: codec::CodecError| StoreError::Corrupt(e.to_string());
+        let mut live = Vec::new();
+        for entry in pending.iter().map_err(|e| storage_error("read", e))? {
+            let (key, _) = entry.map_err(|e| storage_error("read", e))?;
+            let (since, id) = codec::decode_pending_key(key.value()).map_err(corrupt)?;
+            if since > last_alive_ms {
+                live.push((key.value().to_vec(), id));
+            }
+        }
+        for (old_entry, id) in live {
+            let record_key = codec::record_key(&id);
+            let record = match records
+                .get(record_key.as_slice())
+                .map_err(|e| storage_error("read", e))?
+            {
+                Some(value) => {
+                    codec::decode_record_value(id.clone(), value.value())
+                        .map_err(corrupt)?
+                        .0
+                }
+                None => continue,
+            };
+            // In progress: no response yet, so nothing sealed to carry over.
+            if record.state != RecordState::InProgress || record.response.is_some() {
+                continue;
+            }
+            let mut extended = record.clone();
+            extended.lease_expires_at_ms = record
+                .lease_expires_at_ms
+                .saturating_add(credit)
+                .min(record.expires_at_ms);
+            if extended.lease_expires_at_ms == record.lease_expires_at_ms {
+                continue;
+            }
+            let value = codec::encode_record_sealed(&extended, keyring)
+                .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            records
+                .insert(record_key.as_slice(), value.as_slice())
+                .map_err(|e| storage_error("write", e))?;
+            pending
+                .remove(old_entry.as_slice())
+                .map_err(|e| storage_error("write", e))?;
+            let entry = codec::pending_key(extended.lease_expires_at_ms, &id);
+            pending
+                .insert(entry.as_slice(), ())
+                .map_err(|e| storage_error("write", e))?;
+            credited += 1;
+        }
+    }
+    txn.commit().map_err(|e| storage_error("commit", e))?;
+    Ok(credited)
 }
