@@ -280,6 +280,24 @@ pub fn claimed(response: &pb::ClaimResponse) -> pb::Claimed {
     }
 }
 
+/// Asserts that `again` (a holder's retried Claim after a restart) is the
+/// lease `granted` before it: same token, attempt and expiry; its end may
+/// be later, never earlier (a restart credits live leases with the time
+/// idemd was down: docs/design.md, "Leases across a stop").
+pub fn assert_lease_back(again: &pb::Claimed, granted: &pb::Claimed, what: &str) {
+    assert_eq!(
+        (&again.lease_token, again.attempt, &again.expires_at),
+        (&granted.lease_token, granted.attempt, &granted.expires_at),
+        "{what}: the holder gets its lease back"
+    );
+    assert!(
+        ts_ms(&again.lease_expires_at) >= ts_ms(&granted.lease_expires_at),
+        "{what}: a restart shortened the lease: {:?} before, {:?} after",
+        granted.lease_expires_at,
+        again.lease_expires_at
+    );
+}
+
 /// The `Replayed` of a response, or a panic.
 pub fn replayed(response: &pb::ClaimResponse) -> pb::Replayed {
     match &response.outcome {

@@ -300,11 +300,10 @@ impl Ledger {
                 .await
                 .unwrap_or_else(|e| panic!("{step}: claim {}: {e}", request.key))
                 .into_inner();
-            assert_eq!(
+            assert_lease_back(
                 &claimed(&again),
                 lease,
-                "{step}: the holder of {} gets its lease back",
-                request.key
+                &format!("{step}: the holder of {}", request.key),
             );
         }
     }
