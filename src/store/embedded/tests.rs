@@ -267,3 +267,76 @@ async fn a_sweep_is_one_bounded_writer_operation() {
     assert_eq!(body(&store, "expired-0").await, None);
     store.close().await.expect("close");
 }
+
+/// An in-progress claim of `key` whose lease ends at `lease_end` and whose
+/// record expires at `expires_at`.
+fn claim_until(key: &str, lease_end: i64, expires_at: i64) -> Record {
+    let mut record = stale_claim(key);
+    record.lease_expires_at_ms = lease_end;
+    record.expires_at_ms = expires_at;
+    record
+}
+
+/// A serve's open credits the leases live at the last heartbeat with the
+/// time since (`alive`), up to the record's expiry, and no other: a lease
+/// that had ended before idemd stopped stays ended. Fails without
+/// `recovery::credit_leases`.
+#[tokio::test]
+async fn a_reopen_credits_the_leases_live_at_the_last_beat_and_no_other() {
+    let dir = tempfile::tempdir().expect("dir");
+    let now = super::alive::now_ms();
+    let store = EmbeddedStore::open(&EmbeddedOptions::new(dir.path())).expect("open");
+    let records = [
+        claim_until("live", now + 10_000, now + 1_000_000),
+        claim_until("ended", now - 60_000, now + 1_000_000),
+        claim_until("capped", now + 1_000, now + 2_000),
+    ];
+    for record in &records {
+        store.insert_if_absent(record, now).await.expect("insert");
+    }
+    store.close().await.expect("close");
+    drop(store);
+    // The last beat 30 s ago: idemd has been down since.
+    let beat = (now - 30_000).to_le_bytes();
+    let mut bytes = beat.to_vec();
+    bytes.extend_from_slice(&crate::store::embedded::wal::crc32c(&beat).to_le_bytes());
+    std::fs::write(dir.path().join(super::alive::ALIVE_FILE), bytes).expect("beat");
+
+    let store = EmbeddedStore::open(&EmbeddedOptions::new(dir.path())).expect("reopen");
+    let lease = |key: &'static str| {
+        let store = &store;
+        async move {
+            store
+                .get(&id(key), now)
+                .await
+                .expect("get")
+                .expect(key)
+                .lease_expires_at_ms
+        }
+    };
+    let live = lease("live").await;
+    assert!(
+        (now + 40_000..now + 45_000).contains(&live),
+        "credited with the 30 s since the last beat: {}",
+        live - now
+    );
+    assert_eq!(lease("ended").await, now - 60_000, "ended before the stop");
+    assert_eq!(lease("capped").await, now + 2_000, "never past the expiry");
+    // The pending index follows: only the lease that had ended is due.
+    let query = PendingQuery {
+        tenant: "t".into(),
+        endpoint: None,
+        created_at_or_before_ms: None,
+        page_size: 100,
+        page_token: None,
+    };
+    let due: Vec<String> = store
+        .list_pending(&query, now)
+        .await
+        .expect("list pending")
+        .records
+        .into_iter()
+        .map(|record| record.id.key)
+        .collect();
+    assert_eq!(due, vec!["ended".to_string()]);
+}
