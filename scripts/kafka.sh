@@ -257,7 +257,13 @@ rootLogger.level = INFO
 rootLogger.appenderRef.file.ref = FILE
 EOF
     # A random cluster id (16 bytes, base64url without padding) saves a JVM start of `random-uuid`.
-    cluster_id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')"
+    # Drawn again while it starts with '-': kafka-storage would read it as an option (1 start in
+    # 64 failed with "argument --cluster-id/-t: expected one argument"); Kafka's own generator
+    # avoids a leading '-' the same way.
+    cluster_id=-
+    while [[ "$cluster_id" == -* ]]; do
+        cluster_id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')"
+    done
     printf '%s\n' "$cluster_id" >"$dir/cluster.id"
     printf '127.0.0.1:%s\n' "$port" >"$dir/address"
 }

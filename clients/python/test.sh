@@ -69,10 +69,16 @@ fi
 
 cd "$sdk"
 set +e
-"${with_kafka[@]}" "$venv/bin/python" -m pytest "$@"
+# -X faulthandler: a fatal signal prints every thread's Python stack, also before pytest's own
+# faulthandler is on and after it is off (start-up, collection, interpreter shutdown).
+"${with_kafka[@]}" "$venv/bin/python" -X faulthandler -m pytest "$@"
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then
   echo "test.sh: pytest collected no tests" >&2
+elif [ "$status" -gt 128 ]; then
+  # No "Fatal Python error" above means the signal hit a thread that blocks signals, so that no
+  # handler ran: librdkafka's threads do (see tests/kafka_clients.py).
+  echo "test.sh: pytest was killed by signal $((status - 128)) ($(kill -l "$status" 2>/dev/null || echo '?'))" >&2
 fi
 exit "$status"

@@ -25,15 +25,15 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "tests"), str(HERE.parent / "src")]
 
 from conftest import CREDENTIALS, start_server  # noqa: E402
-from test_kafka_consumer import PROGRAM, committed, lines, produce  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from kafka_clients import KafkaClients  # noqa: E402
+from test_kafka_consumer import PROGRAM, lines, produce  # noqa: E402
 
 
-def one_run(brokers: str, idemd: str, messages: int, partitions: int, helper: bool, tmp: Path) -> dict:
+def one_run(kafka: KafkaClients, idemd: str, messages: int, partitions: int, helper: bool, tmp: Path) -> dict:
     topic = f"bench-{secrets.token_hex(4)}"
-    admin = AdminClient({"bootstrap.servers": brokers})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
-    ends = produce(brokers, topic, secrets.token_hex(6), {"produce": {"messages": messages}}, partitions, "idempotency-key")
+    brokers = kafka.brokers
+    kafka.create_topic(topic, partitions)
+    ends = produce(kafka, topic, secrets.token_hex(6), {"produce": {"messages": messages}}, partitions, "idempotency-key")
     ledger = tmp / f"{topic}.ledger"
     env = dict(os.environ, PYTHONPATH=str(HERE.parent / "src"), IDEMD_TOKEN=CREDENTIALS["alice"])
     args = [sys.executable, str(PROGRAM), "--brokers", brokers, "--topic", topic, "--group", f"g-{topic}",
@@ -52,12 +52,12 @@ def one_run(brokers: str, idemd: str, messages: int, partitions: int, helper: bo
             if consumer.poll() is not None or now - started > 600:
                 raise SystemExit(f"consumer stopped at {count} of {messages} messages")
             time.sleep(0.01)
-        while committed(admin, f"g-{topic}", topic, partitions) != ends:
+        while kafka.committed(f"g-{topic}", topic, partitions) != ends:
             time.sleep(0.05)
     finally:
         consumer.send_signal(signal.SIGTERM)
         consumer.wait(30)
-        admin.delete_topics([topic])
+        kafka.delete_topic(topic)
     return {
         "mode": "helper" if helper else "no helper",
         "messages_per_s": round((count - first[1]) / (now - first[0])),
@@ -76,10 +76,11 @@ def main() -> None:
     if not args.brokers:
         raise SystemExit("no broker: pass --brokers or run under scripts/kafka.sh run --")
     os.environ["IDEMD_BIN"] = args.idemd_bin
-    with start_server() as server, tempfile.TemporaryDirectory(prefix="idemd-consumer-bench-") as tmp:
+    with start_server() as server, tempfile.TemporaryDirectory(prefix="idemd-consumer-bench-") as tmp, \
+            KafkaClients(args.brokers) as kafka:
         for _ in range(args.rounds):
             for helper in (False, True):
-                print(json.dumps(one_run(args.brokers, server.address, args.messages, args.partitions, helper, Path(tmp))),
+                print(json.dumps(one_run(kafka, server.address, args.messages, args.partitions, helper, Path(tmp))),
                       flush=True)
 
 

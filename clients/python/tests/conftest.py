@@ -18,6 +18,7 @@ from typing import Dict, Iterator, Sequence
 import pytest
 
 import idemd
+from kafka_clients import KafkaClients
 
 HERE = Path(__file__).resolve().parent
 SDK_ROOT = HERE.parent
@@ -158,3 +159,11 @@ def brokers() -> str:
                         "(test.sh runs pytest under scripts/kafka.sh run -- ...)", pytrace=False)
         pytest.skip("IDEMD_TEST_KAFKA_BROKERS is unset (clients/python/test.sh starts a broker)")
     return found
+
+
+@pytest.fixture
+def kafka(brokers: str) -> Iterator[KafkaClients]:
+    """Topics, producing and committed offsets on the broker, from a child process of its own
+    (tests/kafka_clients.py says why no librdkafka client lives in pytest's process)."""
+    with KafkaClients(brokers) as clients:
+        yield clients

@@ -3,11 +3,14 @@
 live idemd, with examples/kafka_consumer.py as separate processes (kills are
 real SIGKILLs), as consumer-scenarios.md's "The runner" says. Without a broker
 the runner fails when test.sh runs it (IDEMD_TEST_KAFKA_REQUIRED) and skips for
-a developer running pytest alone."""
+a developer running pytest alone. Topics, producing and committed offsets go
+through the ``kafka`` fixture's child process: no librdkafka client runs in
+pytest's process (tests/kafka_clients.py says why)."""
 
 from __future__ import annotations
 
 import collections
+import importlib.util
 import json
 import os
 import re
@@ -23,10 +26,10 @@ from typing import Dict, List
 import pytest
 
 from conftest import CONFORMANCE, CREDENTIALS, SDK_ROOT, Server
+from kafka_clients import KafkaClients, Record
 
-confluent_kafka = pytest.importorskip("confluent_kafka")
-from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+if importlib.util.find_spec("confluent_kafka") is None:  # the consumers' (and the child's) client
+    pytest.skip("could not import 'confluent_kafka'", allow_module_level=True)
 
 CONTRACT = json.loads((CONFORMANCE / "consumer-scenarios.json").read_text(encoding="utf-8"))
 DEFAULTS = CONTRACT["defaults"]
@@ -64,12 +67,13 @@ class Process:
     terminated: bool = False
 
 
-def produce(brokers: str, topic: str, prefix: str, scenario: dict, partitions: int, key_header: str) -> Dict[int, int]:
+def produce(kafka: KafkaClients, topic: str, prefix: str, scenario: dict, partitions: int,
+            key_header: str) -> Dict[int, int]:
     """Every message as consumer-scenarios.md step 2 says; returns the end offset of each partition."""
     spec = scenario["produce"]
     poison = set(spec.get("poison", []))
     every = spec.get("duplicate_every")
-    producer = Producer({"bootstrap.servers": brokers, "enable.idempotence": True, "linger.ms": 5})
+    records: List[Record] = []
     ends = collections.Counter()
     for n in range(1, spec["messages"] + 1):
         value = json.dumps({"n": n, "poison": n in poison, "amount": 100}).encode()
@@ -78,33 +82,27 @@ def produce(brokers: str, topic: str, prefix: str, scenario: dict, partitions: i
         if every and n % every == 0:
             targets.append((n + 1) % partitions if spec.get("duplicate_to_other_partition") else n % partitions)
         for partition in targets:
-            producer.produce(topic, value=value, headers=headers, partition=partition)
+            records.append(Record(value, headers, partition))
             ends[partition] += 1
-    assert producer.flush(30) == 0, "messages not delivered to the broker within 30 s"
+    config = {"enable.idempotence": True, "linger.ms": 5}
+    assert kafka.produce(topic, records, config) == 0, "messages not delivered to the broker within 30 s"
     return {p: ends[p] for p in range(partitions)}
-
-
-def committed(admin: AdminClient, group: str, topic: str, partitions: int) -> Dict[int, int]:
-    request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in range(partitions)])
-    future = admin.list_consumer_group_offsets([request])[group]
-    return {tp.partition: tp.offset for tp in future.result(10).topic_partitions}
 
 
 def lines(path: Path) -> List[str]:
     return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
 
 
-def play(scenario: dict, index: int, brokers: str, server: Server, tmp: Path, no_helper: bool) -> Played:
+def play(scenario: dict, index: int, kafka: KafkaClients, server: Server, tmp: Path, no_helper: bool) -> Played:
     partitions = scenario.get("partitions", DEFAULTS["partitions"])
     key_header = scenario.get("key_header", DEFAULTS["key_header"])
     lease = seconds(scenario.get("lease", DEFAULTS["lease"]))
     handler_ms = scenario.get("handler_ms", DEFAULTS["handler_ms"])
     run = f"{RUN_PREFIX}{'n' if no_helper else ''}"
     topic, group, prefix = f"consumer-{run}-{index}", f"group-{run}-{index}", secrets.token_hex(6)
-    admin = AdminClient({"bootstrap.servers": brokers})
-    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
-        future.result(30)
-    ends = produce(brokers, topic, prefix, scenario, partitions, key_header)
+    brokers = kafka.brokers
+    kafka.create_topic(topic, partitions)
+    ends = produce(kafka, topic, prefix, scenario, partitions, key_header)
     expected = list(range(1, scenario["produce"]["messages"] + 1))
     ledger, dead_file = tmp / "ledger.txt", tmp / "dead-letters.jsonl"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -157,7 +155,7 @@ def play(scenario: dict, index: int, brokers: str, server: Server, tmp: Path, no
             accounted = set(map(int, lines(ledger))) | {json.loads(d)["message"] for d in lines(dead_file)}
             if not pending and accounted >= set(expected) and time.monotonic() - checked_offsets_at > 0.5:
                 checked_offsets_at = time.monotonic()
-                offsets = committed(admin, group, topic, partitions)
+                offsets = kafka.committed(group, topic, partitions)
                 if all(offsets.get(p, -1) >= end for p, end in ends.items()):
                     break
             if time.monotonic() - began > BOUND:
@@ -174,8 +172,7 @@ def play(scenario: dict, index: int, brokers: str, server: Server, tmp: Path, no
             except subprocess.TimeoutExpired:
                 process.popen.kill()
                 process.popen.wait()
-        for future in admin.delete_topics([topic]).values():
-            future.result(30)
+        kafka.delete_topic(topic)
 
     for process in started:
         if process.terminated:
@@ -218,17 +215,18 @@ def check(scenario: dict, played: Played) -> None:
 
 
 @pytest.mark.parametrize("index", range(len(SCENARIOS)), ids=[slug(s) for s in SCENARIOS])
-def test_consumer_scenario(index: int, brokers: str, server: Server, tmp_path: Path) -> None:
+def test_consumer_scenario(index: int, kafka: KafkaClients, server: Server, tmp_path: Path) -> None:
     scenario = SCENARIOS[index]
-    check(scenario, play(scenario, index, brokers, server, tmp_path, no_helper=False))
+    check(scenario, play(scenario, index, kafka, server, tmp_path, no_helper=False))
 
 
 NEGATIVE = [i for i, s in enumerate(SCENARIOS) if s.get("negative_control")]
 
 
 @pytest.mark.parametrize("index", NEGATIVE, ids=[slug(SCENARIOS[i]) for i in NEGATIVE])
-def test_consumer_scenario_fails_without_the_helper(index: int, brokers: str, server: Server, tmp_path: Path) -> None:
+def test_consumer_scenario_fails_without_the_helper(index: int, kafka: KafkaClients, server: Server,
+                                                    tmp_path: Path) -> None:
     scenario = SCENARIOS[index]
-    played = play(scenario, index, brokers, server, tmp_path, no_helper=True)
+    played = play(scenario, index, kafka, server, tmp_path, no_helper=True)
     repeated = side_effect_errors(played, scenario["expect"]["side_effects"])
     assert repeated, f"without the helper every side effect still ran once: the scenario cannot catch a repeat ({played.log[-1]})"
