@@ -62,6 +62,11 @@ async fn body(store: &EmbeddedStore, key: &str) -> Option<Vec<u8>> {
 }
 
 async fn pending_keys(store: &EmbeddedStore) -> Vec<String> {
+    pending_keys_at(store, NOW).await
+}
+
+/// The keys ListPending lists for tenant `t` at `now_ms`.
+async fn pending_keys_at(store: &EmbeddedStore, now_ms: i64) -> Vec<String> {
     let query = PendingQuery {
         tenant: "t".into(),
         endpoint: None,
@@ -70,7 +75,7 @@ async fn pending_keys(store: &EmbeddedStore) -> Vec<String> {
         page_token: None,
     };
     store
-        .list_pending(&query, NOW)
+        .list_pending(&query, now_ms)
         .await
         .expect("list pending")
         .records
@@ -323,20 +328,8 @@ async fn a_reopen_credits_the_leases_live_at_the_last_beat_and_no_other() {
     assert_eq!(lease("ended").await, now - 60_000, "ended before the stop");
     assert_eq!(lease("capped").await, now + 2_000, "never past the expiry");
     // The pending index follows: only the lease that had ended is due.
-    let query = PendingQuery {
-        tenant: "t".into(),
-        endpoint: None,
-        created_at_or_before_ms: None,
-        page_size: 100,
-        page_token: None,
-    };
-    let due: Vec<String> = store
-        .list_pending(&query, now)
-        .await
-        .expect("list pending")
-        .records
-        .into_iter()
-        .map(|record| record.id.key)
-        .collect();
-    assert_eq!(due, vec!["ended".to_string()]);
+    assert_eq!(
+        pending_keys_at(&store, now).await,
+        vec!["ended".to_string()]
+    );
 }
