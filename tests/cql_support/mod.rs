@@ -62,6 +62,23 @@ pub async fn migrated_options() -> CqlOptions {
     options
 }
 
+/// Options for a keyspace of the caller's own (`name`), migrated: for tests
+/// whose writes must not meet the others' (a cut-over marks its whole
+/// keyspace, store::cql::cutover).
+#[allow(dead_code)] // not every test binary that includes this module uses it
+pub async fn own_keyspace(name: &str) -> CqlOptions {
+    let mut options = options();
+    options.keyspace = format!("idemd_{name}");
+    migrate::run(
+        &options,
+        "{'class': 'SimpleStrategy', 'replication_factor': 1}",
+        "tests",
+    )
+    .await
+    .expect("migrate a keyspace of the test's own");
+    options
+}
+
 /// A [`crate::common::Starter`] on the CQL backend (a fresh migrated
 /// keyspace per server).
 pub async fn start_cql(hook: crate::common::SettingsHook) -> crate::common::TestServer {
@@ -99,59 +116,105 @@ pub enum Seen {
     Replayed(Vec<u8>),
 }
 
+/// Appends `what` to `heard` unless it repeats the last entry.
+fn note(heard: &mut Vec<String>, what: String) {
+    if heard.last() != Some(&what) {
+        heard.push(what);
+    }
+}
+
+/// How long a contender's lease lasts: a claim whose answer was lost
+/// (`UNAVAILABLE` with the outcome unknown, e.g. a Paxos round that timed
+/// out and could not be resolved under load) may have been applied, and
+/// then nobody holds the key but its lease; it runs out after this.
+const CONTENDER_LEASE: Duration = Duration::from_secs(15);
+
 /// Claims `key` of `tenant` until it either wins (then completes with a
 /// response naming `me`) or is replayed; waits out holders in progress and
-/// retries `UNAVAILABLE`. The multi-replica tests' careful caller.
+/// retries `UNAVAILABLE`. A key whose lease ran out with nobody completing
+/// it (a claim applied although its caller heard `UNAVAILABLE`: the
+/// contract's uncertain outcome) is pending, and the caller takes it over
+/// by Reconcile, as an operator would: the fenced-out lease belongs to a
+/// caller that never ran. The multi-replica tests' careful caller.
 pub async fn contend(
     mut client: idemd::proto::v1::idempotency_client::IdempotencyClient<tonic::transport::Channel>,
     tenant: String,
     key: String,
     me: String,
 ) -> Seen {
-    use crate::common::{PAYMENTS, as_tenant, claim, sample_response};
+    use crate::common::{PAYMENTS, as_tenant, claim, dur, sample_response};
     use idemd::proto::v1 as pb;
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    // What this caller heard, for the message if it never settles.
+    let mut heard: Vec<String> = Vec::new();
     loop {
         assert!(
             std::time::Instant::now() < deadline,
-            "{me}: {key} never settled"
+            "{me}: {key} never settled; it heard (oldest first, repeats folded): {heard:?}"
         );
-        let answer = match client
-            .claim(as_tenant(&tenant, claim(PAYMENTS, &key, 7)))
-            .await
-        {
+        let mut request = claim(PAYMENTS, &key, 7);
+        request.lease = Some(dur(CONTENDER_LEASE));
+        let answer = match client.claim(as_tenant(&tenant, request)).await {
             Ok(answer) => answer.into_inner(),
             Err(status) if status.code() == tonic::Code::Unavailable => {
+                note(&mut heard, format!("UNAVAILABLE: {}", status.message()));
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
             Err(status) => panic!("{me}: claim {key}: {status}"),
         };
-        match &answer.outcome {
-            Some(pb::claim_response::Outcome::Claimed(claimed)) => {
-                let id = format!("{key}-{me}");
-                client
-                    .complete(as_tenant(
-                        &tenant,
-                        pb::CompleteRequest {
-                            endpoint: PAYMENTS.into(),
-                            key: key.clone(),
-                            lease_token: claimed.lease_token.clone(),
-                            response: Some(sample_response(&id)),
-                        },
-                    ))
-                    .await
-                    .unwrap_or_else(|status| panic!("{me}: complete {key}: {status}"));
-                return Seen::Won(id);
-            }
+        let won = match &answer.outcome {
+            Some(pb::claim_response::Outcome::Claimed(claimed)) => Some(claimed.clone()),
             Some(pb::claim_response::Outcome::Replayed(replayed)) => {
                 let body = replayed.response.as_ref().map(|r| r.body.clone());
                 return Seen::Replayed(body.unwrap_or_default());
             }
-            Some(pb::claim_response::Outcome::InProgress(_)) => {
+            Some(pb::claim_response::Outcome::InProgress(held)) => {
+                note(
+                    &mut heard,
+                    format!("in progress, lease until {:?}", held.lease_expires_at),
+                );
                 tokio::time::sleep(Duration::from_millis(20)).await;
+                None
+            }
+            Some(pb::claim_response::Outcome::Pending(pending))
+                if pending.state == pb::State::InProgress as i32 =>
+            {
+                note(&mut heard, format!("pending: {}", pending.reason));
+                let takeover = pb::ReconcileRequest {
+                    endpoint: PAYMENTS.into(),
+                    key: key.clone(),
+                    verdict: Some(pb::reconcile_request::Verdict::Takeover(pb::Takeover {
+                        lease: Some(dur(CONTENDER_LEASE)),
+                    })),
+                };
+                match client.reconcile(as_tenant(&tenant, takeover)).await {
+                    Ok(answer) => answer.into_inner().takeover,
+                    // Another contender took it over first, or the answer
+                    // was lost: claim again.
+                    Err(status) => {
+                        note(&mut heard, format!("takeover refused: {status}"));
+                        None
+                    }
+                }
             }
             other => panic!("{me}: claim {key}: unexpected {other:?}"),
+        };
+        if let Some(claimed) = won {
+            let id = format!("{key}-{me}");
+            client
+                .complete(as_tenant(
+                    &tenant,
+                    pb::CompleteRequest {
+                        endpoint: PAYMENTS.into(),
+                        key: key.clone(),
+                        lease_token: claimed.lease_token.clone(),
+                        response: Some(sample_response(&id)),
+                    },
+                ))
+                .await
+                .unwrap_or_else(|status| panic!("{me}: complete {key}: {status}"));
+            return Seen::Won(id);
         }
     }
 }
