@@ -16,6 +16,7 @@
 //! what a copied record keeps and how conflicts are told apart from
 //! records an earlier run copied.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -24,15 +25,28 @@ use super::CliError;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{CopyToCqlArgs, Settings, StoreSettings};
 use crate::store::cql::CqlStore;
-use crate::store::embedded::export::{self, Export, OpenError};
-use crate::store::embedded::moved::MovedMarker;
+use crate::store::cql::cutover::CutoverMark;
+use crate::store::embedded::export::{self, EXPORT_PAGE, Export, OpenError};
+use crate::store::embedded::moved::{BULK_COPIED_FILE, MovedMarker};
 use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
-use crate::store::transfer::{self, CopyOptions, CopyReport};
-use crate::store::{Record, Store, StoreResult};
+use crate::store::transfer::{self, Change, CopyOptions, CopyReport, LeaseCredit};
+use crate::store::{Store, StoreResult};
 
 /// Pages read ahead of the writes: keeps the writes fed while the next page
 /// is read, and bounds memory to a few pages.
 const PAGES_AHEAD: usize = 4;
+
+/// What one run of the command copies.
+enum Step {
+    /// Every live record of the stopped store (the long stop).
+    Whole,
+    /// Every live record of a backup, while idemd serves (the short
+    /// cut-over's first step).
+    Bulk(PathBuf),
+    /// What changed in the stopped store since that backup (the short
+    /// cut-over's stop).
+    Since(PathBuf),
+}
 
 /// Runs `idemd copy-to-cql`; the summary goes to stdout, progress to
 /// stderr. Conflicts are an error, after the whole copy.
@@ -45,47 +59,92 @@ pub async fn run(args: &CopyToCqlArgs) -> Result<CopyReport, CliError> {
     let keyring = settings
         .load_keyring()
         .map_err(|e| CliError::Usage(format!("invalid configuration: {e}")))?;
+    let step = match (&args.from_backup, &args.since_backup) {
+        (Some(backup), _) => Step::Bulk(backup.clone()),
+        (None, Some(backup)) => Step::Since(backup.clone()),
+        (None, None) => Step::Whole,
+    };
+    if let Step::Since(backup) = &step {
+        check_bulk_copied(backup, &cql.keyspace)?;
+    }
 
-    let mut options = EmbeddedOptions::new(settings.data_dir.clone());
+    let mut options = EmbeddedOptions::new(match &step {
+        Step::Bulk(backup) => backup.clone(),
+        Step::Whole | Step::Since(_) => settings.data_dir.clone(),
+    });
     options.cache_bytes = settings.store_cache_bytes;
     options.keyring = keyring.clone();
     options.role = "idemd copy-to-cql";
-    let source = tokio::task::spawn_blocking(move || export::open_stopped(&options))
-        .await
-        .map_err(|e| CliError::Failed(format!("the store's open stopped: {e}")))?
-        .map_err(|e| match e {
-            OpenError::Missing(_) | OpenError::Held(_) => CliError::Usage(e.to_string()),
-            OpenError::Store(e) => CliError::Failed(format!("cannot open the embedded store: {e}")),
-        })?;
-    let source = Arc::new(source);
+    let source = Arc::new(open_source(options.clone()).await?);
+    let baseline = match &step {
+        Step::Since(backup) => {
+            let mut baseline = options.clone();
+            baseline.data_dir = backup.clone();
+            baseline.role = "idemd copy-to-cql (reading the backup it copied)";
+            Some(Arc::new(open_source(baseline).await?))
+        }
+        Step::Whole | Step::Bulk(_) => None,
+    };
     let total = export::stored_records(&source).map_err(failed("read the embedded store"))?;
+    // The leases held when idemd stopped get the time it has been stopped
+    // (transfer, "Leases across the move"); a bulk copy runs while it
+    // serves and the step after it writes the leases again.
+    let lease_credit = match &step {
+        Step::Bulk(_) => None,
+        Step::Whole | Step::Since(_) => lease_credit(&settings.data_dir, args.lease_grace.into()),
+    };
 
     let target = CqlStore::open_with_keyring(cql, keyring)
         .await
         .map_err(failed("open the CQL store"))?;
+    // No replica may start on the keyspace until the last step finished
+    // (store::cql::cutover): marked before the first record is written.
+    let source_name = match &step {
+        Step::Bulk(backup) => backup.display().to_string(),
+        Step::Whole | Step::Since(_) => settings.data_dir.display().to_string(),
+    };
+    let copying = CutoverMark {
+        source: source_name,
+        started_at_ms: SystemClock.now_ms(),
+    };
+    if let Err(e) = copying.write(target.session(), &cql.keyspace).await {
+        let _ = target.close().await;
+        return Err(failed("mark the keyspace as being copied into")(e));
+    }
     eprintln!(
-        "copying up to {total} records from {} into keyspace {} ({} in flight)",
-        EmbeddedStore::database_path(&settings.data_dir).display(),
+        "copying {} into keyspace {} ({} in flight; up to {total} records read)",
+        match &step {
+            Step::Whole => format!("every live record of {}", settings.data_dir.display()),
+            Step::Bulk(backup) => format!("every live record of the backup {}", backup.display()),
+            Step::Since(backup) => format!(
+                "what changed in {} since the backup {}",
+                settings.data_dir.display(),
+                backup.display()
+            ),
+        },
         cql.keyspace,
         args.in_flight
     );
     let copy_options = CopyOptions {
         in_flight: args.in_flight,
+        lease_credit,
         ..CopyOptions::default()
     };
-    let copied = transfer::copy_records(
-        records(Arc::clone(&source)),
+    let copied = transfer::copy_changes(
+        changes(Arc::clone(&source), baseline.clone()),
         &target,
         &SystemClock,
         copy_options,
         |report| eprintln!("{}", progress_line(report, total)),
     )
     .await;
-    let _ = target.close().await;
+    if let Some(baseline) = baseline {
+        let _ = baseline.close().await;
+    }
     let report = match copied {
         Ok(report) => report,
         Err(e) => {
-            let _ = source.close().await;
+            let _ = (source.close().await, target.close().await);
             return Err(CliError::Failed(format!(
                 "copy stopped: {e}; what was written stays, run the command again to resume"
             )));
@@ -93,49 +152,159 @@ pub async fn run(args: &CopyToCqlArgs) -> Result<CopyReport, CliError> {
     };
     println!("{}", summary(&report));
     if report.conflicts > 0 {
-        let _ = source.close().await;
+        let _ = (source.close().await, target.close().await);
         return Err(CliError::Refused(format!(
             "{} keys are held in the target by a different record and were not copied (first: {}); the target was written by something else than this copy: check it before starting idemd on it",
             report.conflicts,
             report.conflict_keys.join("; ")
         )));
     }
-    // Every live record is in the keyspace: the embedded store is marked as
-    // moved (store::embedded::moved) while this process still owns it, so
-    // an embedded idemd started on it later refuses, naming the keyspace.
-    // Nothing else was written to the source: closing it only stops its
-    // threads.
-    let marked = MovedMarker::now(&cql.keyspace, &cql.nodes).write(&settings.data_dir);
+    let marked = mark(&step, &settings.data_dir, &cql.keyspace, &cql.nodes);
     let _ = source.close().await;
-    marked.map_err(failed("mark the embedded store as moved"))?;
-    eprintln!(
-        "{} is marked as moved to keyspace {}: `idemd serve` refuses it from now on (--allow-moved-store to roll back before the cluster takes writes)",
-        settings.data_dir.display(),
-        cql.keyspace
-    );
+    marked?;
+    // Every live record is in the keyspace: replicas may start on it.
+    if !matches!(step, Step::Bulk(_)) {
+        let cleared = CutoverMark::clear(target.session(), &cql.keyspace).await;
+        cleared.map_err(failed("clear the keyspace's cut-over mark"))?;
+        eprintln!(
+            "keyspace {} is complete: idemd --store cql may start on it",
+            cql.keyspace
+        );
+    }
+    let _ = target.close().await;
     Ok(report)
 }
 
-/// The live records of `store`, read a page at a time on a blocking
-/// thread, [`PAGES_AHEAD`] pages ahead of the consumer.
-fn records(
+/// Leaves the mark of a finished step: the backup's after a bulk copy (what
+/// `--since-backup` checks), the data directory's after the last step
+/// (`idemd serve` refuses a moved store).
+fn mark(step: &Step, data_dir: &Path, keyspace: &str, nodes: &[String]) -> Result<(), CliError> {
+    let marker = MovedMarker::now(keyspace, nodes);
+    match step {
+        Step::Bulk(backup) => {
+            marker
+                .write_as(backup, BULK_COPIED_FILE)
+                .map_err(failed("mark the backup as copied"))?;
+            eprintln!(
+                "the backup {} is in keyspace {keyspace}; idemd still serves {}: now stop it and run the same command with --since-backup {} instead of --from-backup (it copies only what changed since the backup)",
+                backup.display(),
+                data_dir.display(),
+                backup.display()
+            );
+        }
+        // Every live record is in the keyspace: the embedded store is
+        // marked as moved (store::embedded::moved) while this process still
+        // owns it, so an embedded idemd started on it later refuses,
+        // naming the keyspace. Nothing else was written to the source.
+        Step::Whole | Step::Since(_) => {
+            marker
+                .write(data_dir)
+                .map_err(failed("mark the embedded store as moved"))?;
+            eprintln!(
+                "{} is marked as moved to keyspace {keyspace}: `idemd serve` refuses it from now on (--allow-moved-store to roll back before the cluster takes writes)",
+                data_dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a `--since-backup` whose backup no `--from-backup` run copied
+/// whole into `keyspace`: the step writes only what changed since the
+/// backup, so without the bulk the keyspace would miss every other record.
+fn check_bulk_copied(backup: &Path, keyspace: &str) -> Result<(), CliError> {
+    match MovedMarker::read_as(backup, BULK_COPIED_FILE) {
+        Ok(Some(mark)) if mark.keyspace == keyspace => Ok(()),
+        Ok(Some(mark)) => Err(CliError::Refused(format!(
+            "the backup {} was copied into keyspace {}, not {keyspace}: --since-backup writes only what changed since it",
+            backup.display(),
+            mark.keyspace
+        ))),
+        Ok(None) => Err(CliError::Refused(format!(
+            "no `idemd copy-to-cql --from-backup {}` finished into keyspace {keyspace}: --since-backup writes only what changed since the backup, so copy the backup first (while idemd serves)",
+            backup.display()
+        ))),
+        Err(e) => Err(failed("read the backup's copy mark")(e)),
+    }
+}
+
+/// The lease credit of a copy from `data_dir`, from its last heartbeat.
+fn lease_credit(data_dir: &Path, grace: std::time::Duration) -> Option<LeaseCredit> {
+    match export::stopped_serving_at(data_dir) {
+        Some(stopped_at_ms) => Some(LeaseCredit {
+            stopped_at_ms,
+            grace,
+        }),
+        None => {
+            eprintln!(
+                "{} has no heartbeat (no idemd of this release served it): leases are copied with the deadlines they had",
+                data_dir.display()
+            );
+            None
+        }
+    }
+}
+
+/// Opens a stopped store (the data directory or a backup) off the async
+/// threads.
+async fn open_source(options: EmbeddedOptions) -> Result<EmbeddedStore, CliError> {
+    tokio::task::spawn_blocking(move || export::open_stopped(&options))
+        .await
+        .map_err(|e| CliError::Failed(format!("the store's open stopped: {e}")))?
+        .map_err(|e| match e {
+            OpenError::Missing(_) | OpenError::Held(_) => CliError::Usage(e.to_string()),
+            OpenError::Store(e) => CliError::Failed(format!("cannot open the embedded store: {e}")),
+        })
+}
+
+/// The changes to write, read on a blocking thread [`PAGES_AHEAD`] pages
+/// ahead of the consumer: every live record of `store`, or, with a
+/// `baseline`, what changed since it ([`export::Changes`]).
+fn changes(
     store: Arc<EmbeddedStore>,
-) -> impl futures::Stream<Item = StoreResult<Record>> + Unpin + Send {
+    baseline: Option<Arc<EmbeddedStore>>,
+) -> impl futures::Stream<Item = StoreResult<Change>> + Unpin + Send {
     let (pages, received) = tokio::sync::mpsc::channel(PAGES_AHEAD);
     tokio::task::spawn_blocking(move || {
-        for page in Export::new(&store, || SystemClock.now_ms()) {
-            // A closed channel: the copy stopped; stop reading.
-            if pages.blocking_send(page).is_err() {
-                return;
+        let now = || SystemClock.now_ms();
+        let after = Export::new(&store, now);
+        let send = |batch: StoreResult<Vec<Change>>| pages.blocking_send(batch).is_ok();
+        match &baseline {
+            None => {
+                for page in after {
+                    let batch = page.map(|page| {
+                        let puts = page.records.into_iter();
+                        puts.map(|after| Change::Put {
+                            before: None,
+                            after,
+                        })
+                        .collect()
+                    });
+                    // A closed channel: the copy stopped; stop reading.
+                    if !send(batch) {
+                        return;
+                    }
+                }
+            }
+            Some(baseline) => {
+                let mut merged = export::Changes::new(Export::new(baseline, now), after);
+                loop {
+                    let batch: StoreResult<Vec<Change>> =
+                        merged.by_ref().take(EXPORT_PAGE).collect();
+                    let last = matches!(&batch, Ok(batch) if batch.is_empty()) || batch.is_err();
+                    if !send(batch) || last {
+                        return;
+                    }
+                }
             }
         }
     });
-    tokio_stream::wrappers::ReceiverStream::new(received).flat_map(|page| {
-        let records: Vec<StoreResult<Record>> = match page {
-            Ok(page) => page.records.into_iter().map(Ok).collect(),
+    tokio_stream::wrappers::ReceiverStream::new(received).flat_map(|batch| {
+        let changes: Vec<StoreResult<Change>> = match batch {
+            Ok(batch) => batch.into_iter().map(Ok).collect(),
             Err(error) => vec![Err(error)],
         };
-        futures::stream::iter(records)
+        futures::stream::iter(changes)
     })
 }
 
@@ -159,14 +328,17 @@ fn progress_line(report: &CopyReport, total: u64) -> String {
 /// The final summary.
 fn summary(report: &CopyReport) -> String {
     format!(
-        "read {} live records in {:.1} s ({:.0} records/s): {} copied, {} already present, {} expired during the copy, {} conflicts",
+        "read {} live records in {:.1} s ({:.0} records/s): {} copied, {} removed, {} unchanged since the backup, {} already present, {} expired during the copy, {} conflicts; {} leases credited with the stop",
         report.read,
         report.elapsed.as_secs_f64(),
         report.records_per_second(),
         report.copied,
+        report.removed,
+        report.unchanged,
         report.present,
         report.expired,
-        report.conflicts
+        report.conflicts,
+        report.leases_credited
     )
 }
 

@@ -425,6 +425,24 @@ pub struct CopyToCqlArgs {
     /// Records written at once.
     #[arg(long, default_value_t = crate::store::transfer::DEFAULT_IN_FLIGHT)]
     pub in_flight: usize,
+    /// The short cut-over's first step: copy the bulk from this backup
+    /// (`idemd backup`, taken while idemd serves) and nothing else: the
+    /// data directory is not read, its idemd keeps serving, and nothing is
+    /// marked as moved. Then stop idemd and copy the rest with
+    /// `--since-backup` and the same backup.
+    #[arg(long, conflicts_with = "since_backup")]
+    pub from_backup: Option<PathBuf>,
+    /// The short cut-over's second step (idemd stopped): the backup an
+    /// earlier `--from-backup` copied. Only what changed since it is
+    /// written, so the stop lasts as long as the changes, not the store.
+    #[arg(long)]
+    pub since_backup: Option<PathBuf>,
+    /// Added to the lease of every key IN_PROGRESS when idemd stopped,
+    /// beyond the time it has been stopped: covers the wait from the end of
+    /// the copy to the first replica serving on the cluster (a takeover
+    /// must never happen because idemd was being moved).
+    #[arg(long, default_value = crate::store::transfer::DEFAULT_LEASE_GRACE)]
+    pub lease_grace: humantime::Duration,
     /// Log format.
     #[arg(long, env = "IDEMD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
     pub log_format: LogFormat,

@@ -38,11 +38,12 @@ use crate::engine::Engine;
 use crate::metrics::LabelGuard;
 use crate::proto::v1 as pb;
 use crate::reload::{ReloadEvents, Reloader};
-use crate::store::Store;
 use crate::store::cql::CqlStore;
+use crate::store::cql::cutover::CutoverMark;
 use crate::store::embedded::moved::MovedMarker;
 use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use crate::store::instrumented::InstrumentedStore;
+use crate::store::{Store, StoreError};
 use crate::tls::TlsServer;
 use crate::web::Connection;
 use background::Background;
@@ -266,9 +267,16 @@ async fn open_store_with(
                 .map_err(|e| ServerError::Task(e.to_string()))??;
             Ok(Arc::new(store))
         }
-        StoreSettings::Cql(options) => Ok(Arc::new(
-            CqlStore::open_with_keyring(options, keyring).await?,
-        )),
+        StoreSettings::Cql(options) => {
+            let store = CqlStore::open_with_keyring(options, keyring).await?;
+            // A keyspace `idemd copy-to-cql` is still filling is refused
+            // (store::cql::cutover): its keys are not all there yet.
+            if let Some(mark) = CutoverMark::read(store.session(), &options.keyspace).await? {
+                let _ = store.close().await;
+                return Err(StoreError::Unavailable(mark.refusal(&options.keyspace)).into());
+            }
+            Ok(Arc::new(store))
+        }
     }
 }
 

@@ -29,6 +29,8 @@ pub mod instrumented;
 pub mod memory;
 pub mod response;
 pub mod transfer;
+#[cfg(test)]
+mod transfer_tests;
 
 use std::time::Duration;
 

@@ -33,12 +33,40 @@
 //! is retried, which is safe for the same reason: a retry that finds its
 //! own record counts it as present.
 
+//! # The short cut-over: changes since a backup
+//!
+//! A copy of a whole store stops idemd for as long as the store takes to
+//! copy (~17 min per 10^6 records on one node). So the bulk is copied from
+//! a backup while idemd still serves, and during the stop only what changed
+//! since that backup: [`Change::Put`] with the record the bulk wrote for
+//! the key (`before`), [`Change::Remove`] for a key the bulk wrote that the
+//! store no longer holds, [`Change::Same`] for a record unchanged since the
+//! backup (nothing to write, but an IN_PROGRESS one still has its lease
+//! credited). A `Put` over a `before` is a conditional replace (or a
+//! conditional delete and an insert when the key was claimed anew, with
+//! another dedup window); a `Remove` a conditional delete: each finds the
+//! target as the bulk left it, or as an earlier run of the same step left
+//! it (present), or it is a conflict.
+//!
+//! # Leases across the move
+//!
+//! A holder cannot Complete or ExtendLease while nothing serves its key,
+//! so the time idemd is stopped must not count against its lease (the
+//! rule of docs/design.md, "Leases across a stop"). With a
+//! [`LeaseCredit`], every IN_PROGRESS record whose lease was live when
+//! idemd stopped serving gets, after everything else is written, the time
+//! since that instant plus a grace for the start on the cluster, capped at
+//! the record's expiry. The credit is written last, by a conditional
+//! replace of what the copy wrote, so it is measured as late as possible.
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 
-use super::{InsertOutcome, Record, Store, StoreError, StoreResult};
+use super::{
+    CasOutcome, Expected, InsertOutcome, Record, RecordState, Store, StoreError, StoreResult,
+};
 use crate::clock::Clock;
 
 /// Records written at once by default: enough to keep a cluster's LWT
@@ -56,6 +84,72 @@ const WRITE_ATTEMPTS: u32 = 5;
 /// Wait before a record's second attempt.
 const RETRY_BACKOFF: Duration = Duration::from_millis(200);
 
+/// `--lease-grace` of `idemd copy-to-cql` by default: the wait from the
+/// end of the copy to the first replica serving on the cluster that a
+/// lease is credited with, on top of the time idemd was stopped. Longer
+/// than a rollout's start of a replica; too long only delays the takeover
+/// of a holder that really died, never grants a key twice.
+pub const DEFAULT_LEASE_GRACE: &str = "60s";
+
+/// One key's difference between what an earlier copy wrote into the target
+/// and what the source holds now.
+// Moved through the copy once each, never held in bulk (see InsertOutcome).
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    /// The source holds `after`; `before` is what the earlier copy wrote
+    /// for the key (`None`: nothing, or a record that has expired since).
+    Put {
+        /// The record the target holds from the earlier copy, if any.
+        before: Option<Record>,
+        /// The source's record.
+        after: Record,
+    },
+    /// The earlier copy wrote `before`; the source no longer holds the key
+    /// (released by a Fail, or deleted).
+    Remove {
+        /// The record the target holds from the earlier copy.
+        before: Record,
+    },
+    /// Unchanged since the earlier copy: nothing to write, except the
+    /// lease credit of an IN_PROGRESS record.
+    Same(Record),
+}
+
+/// Credits the leases live when the source stopped serving with the time
+/// it has been stopped (see the module's "Leases across the move").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseCredit {
+    /// The source's last heartbeat (`idemd.alive`): when it stopped serving.
+    pub stopped_at_ms: i64,
+    /// Added beyond the time since `stopped_at_ms`.
+    pub grace: Duration,
+}
+
+impl LeaseCredit {
+    /// `record` with its lease credited at `now_ms`, if it is IN_PROGRESS
+    /// with a lease that was live when the source stopped.
+    pub fn credited(&self, record: &Record, now_ms: i64) -> Option<Record> {
+        if record.state != RecordState::InProgress
+            || record.lease_expires_at_ms <= self.stopped_at_ms
+        {
+            return None;
+        }
+        let grace = i64::try_from(self.grace.as_millis()).unwrap_or(i64::MAX);
+        let credit = now_ms
+            .saturating_sub(self.stopped_at_ms)
+            .saturating_add(grace);
+        let lease = record
+            .lease_expires_at_ms
+            .saturating_add(credit.max(0))
+            .min(record.expires_at_ms);
+        (lease > record.lease_expires_at_ms).then(|| Record {
+            lease_expires_at_ms: lease,
+            ..record.clone()
+        })
+    }
+}
+
 /// How the copy runs.
 #[derive(Debug, Clone, Copy)]
 pub struct CopyOptions {
@@ -63,6 +157,8 @@ pub struct CopyOptions {
     pub in_flight: usize,
     /// How often the progress callback is called.
     pub progress_every: Duration,
+    /// Credit the leases of IN_PROGRESS records with the source's stop.
+    pub lease_credit: Option<LeaseCredit>,
 }
 
 impl Default for CopyOptions {
@@ -70,6 +166,7 @@ impl Default for CopyOptions {
         Self {
             in_flight: DEFAULT_IN_FLIGHT,
             progress_every: Duration::from_secs(2),
+            lease_credit: None,
         }
     }
 }
@@ -79,8 +176,15 @@ impl Default for CopyOptions {
 pub struct CopyReport {
     /// Records the source yielded.
     pub read: u64,
-    /// Records this run wrote.
+    /// Records this run wrote (inserted, or replaced the earlier copy's).
     pub copied: u64,
+    /// Keys this run removed: the earlier copy wrote them, the source no
+    /// longer holds them.
+    pub removed: u64,
+    /// Records unchanged since the earlier copy (not written).
+    pub unchanged: u64,
+    /// Leases credited with the source's stop.
+    pub leases_credited: u64,
     /// Records the target already held, equal to the source's: copied by an
     /// earlier run.
     pub present: u64,
@@ -100,13 +204,28 @@ impl CopyReport {
     /// Records settled (written, present, expired or conflicting) per
     /// second of the copy.
     pub fn records_per_second(&self) -> f64 {
-        let settled = self.copied + self.present + self.expired + self.conflicts;
-        settled as f64 / self.elapsed.as_secs_f64().max(1e-3)
+        self.settled() as f64 / self.elapsed.as_secs_f64().max(1e-3)
     }
 
     /// Records settled so far.
     pub fn settled(&self) -> u64 {
-        self.copied + self.present + self.expired + self.conflicts
+        self.copied + self.removed + self.unchanged + self.present + self.expired + self.conflicts
+    }
+
+    fn count(&mut self, copied: Copied) {
+        match copied {
+            Copied::Written => self.copied += 1,
+            Copied::Removed => self.removed += 1,
+            Copied::Unchanged => self.unchanged += 1,
+            Copied::Present => self.present += 1,
+            Copied::Expired => self.expired += 1,
+            Copied::Conflict(described) => {
+                self.conflicts += 1;
+                if self.conflict_keys.len() < CONFLICT_KEYS_SHOWN {
+                    self.conflict_keys.push(described);
+                }
+            }
+        }
     }
 }
 
@@ -114,6 +233,10 @@ impl CopyReport {
 enum Copied {
     /// Written by this run.
     Written,
+    /// Removed by this run.
+    Removed,
+    /// Unchanged since the earlier copy.
+    Unchanged,
     /// The target held an equal record.
     Present,
     /// Expired before it was written.
@@ -133,18 +256,58 @@ pub async fn copy_records<S>(
     target: &dyn Store,
     clock: &dyn Clock,
     options: CopyOptions,
-    mut progress: impl FnMut(&CopyReport),
+    progress: impl FnMut(&CopyReport),
 ) -> StoreResult<CopyReport>
 where
     S: Stream<Item = StoreResult<Record>> + Unpin,
 {
+    let changes = source.map(|record| {
+        record.map(|after| Change::Put {
+            before: None,
+            after,
+        })
+    });
+    copy_changes(changes, target, clock, options, progress).await
+}
+
+/// [`copy_records`] for [`Change`]s: writes each into `target` as the
+/// module's "The short cut-over" says, then credits the leases held
+/// (`options.lease_credit`).
+pub async fn copy_changes<S>(
+    source: S,
+    target: &dyn Store,
+    clock: &dyn Clock,
+    options: CopyOptions,
+    mut progress: impl FnMut(&CopyReport),
+) -> StoreResult<CopyReport>
+where
+    S: Stream<Item = StoreResult<Change>> + Unpin,
+{
     let started = Instant::now();
     let mut report = CopyReport::default();
     let read = AtomicU64::new(0);
+    let credit = options.lease_credit;
+    // The leases credited, as (the source's record, what was written,
+    // when): a long copy credits them again at its end.
+    let credited = std::sync::Mutex::new(Vec::new());
     let mut writes = source
-        .map(|record| {
+        .map(|change| {
             read.fetch_add(1, Ordering::Relaxed);
-            async move { copy_one(record?, target, clock).await }
+            let credited = &credited;
+            async move {
+                let (change, source) = with_credit(change?, credit.as_ref(), clock.now_ms());
+                let copied = copy_change(&change, target, clock).await?;
+                if let (Some(source), Change::Put { after, .. }) = (source, &change)
+                    && matches!(copied, Copied::Written | Copied::Present)
+                {
+                    let entry = (source, after.clone(), Instant::now());
+                    credited
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(entry);
+                }
+                Ok::<_, StoreError>(copied)
+            }
         })
         .buffer_unordered(options.in_flight.max(1));
     let mut ticker = tokio::time::interval(options.progress_every);
@@ -154,17 +317,7 @@ where
         tokio::select! {
             next = writes.next() => {
                 let Some(copied) = next else { break };
-                match copied? {
-                    Copied::Written => report.copied += 1,
-                    Copied::Present => report.present += 1,
-                    Copied::Expired => report.expired += 1,
-                    Copied::Conflict(described) => {
-                        report.conflicts += 1;
-                        if report.conflict_keys.len() < CONFLICT_KEYS_SHOWN {
-                            report.conflict_keys.push(described);
-                        }
-                    }
-                }
+                report.count(copied?);
             }
             _ = ticker.tick() => {
                 report.read = read.load(Ordering::Relaxed);
@@ -173,31 +326,122 @@ where
             }
         }
     }
+    drop(writes);
+    let credited = credited.into_inner().unwrap_or_else(|e| e.into_inner());
+    report.leases_credited = credited.len() as u64;
+    if let Some(credit) = credit {
+        recredit(credited, &credit, target, clock, options.in_flight).await?;
+    }
     report.read = read.load(Ordering::Relaxed);
     report.elapsed = started.elapsed();
     Ok(report)
 }
 
-/// Writes one record if the target does not hold its key, retrying what
-/// may not have been applied.
-async fn copy_one(record: Record, target: &dyn Store, clock: &dyn Clock) -> StoreResult<Copied> {
+/// `change` with the lease of its record credited (an unchanged record
+/// whose lease is credited becomes a `Put` over itself), and the source's
+/// record when it was.
+fn with_credit(
+    change: Change,
+    credit: Option<&LeaseCredit>,
+    now_ms: i64,
+) -> (Change, Option<Record>) {
+    let Some(credit) = credit else {
+        return (change, None);
+    };
+    match change {
+        Change::Put { before, after } => match credit.credited(&after, now_ms) {
+            Some(credited) => (
+                Change::Put {
+                    before,
+                    after: credited,
+                },
+                Some(after),
+            ),
+            None => (Change::Put { before, after }, None),
+        },
+        Change::Same(same) => match credit.credited(&same, now_ms) {
+            Some(credited) => (
+                Change::Put {
+                    before: Some(same.clone()),
+                    after: credited,
+                },
+                Some(same),
+            ),
+            None => (Change::Same(same), None),
+        },
+        remove @ Change::Remove { .. } => (remove, None),
+    }
+}
+
+/// Credits again, at the end of a copy, the leases credited more than half
+/// the grace before it: a whole store's copy takes minutes, and a lease
+/// credited at its start would lose them. The short step of a cut-over
+/// takes seconds and credits nothing twice.
+async fn recredit(
+    credited: Vec<(Record, Record, Instant)>,
+    credit: &LeaseCredit,
+    target: &dyn Store,
+    clock: &dyn Clock,
+    in_flight: usize,
+) -> StoreResult<()> {
+    let stale = credited
+        .into_iter()
+        .filter(|(_, _, at)| at.elapsed() > credit.grace / 2);
+    let mut writes = futures::stream::iter(stale)
+        .map(|(source, written, _)| async move {
+            retried(&source, || async {
+                let now_ms = clock.now_ms();
+                let Some(again) = credit.credited(&source, now_ms) else {
+                    return Ok(());
+                };
+                // A target that holds something else by now (an idemd
+                // serving on it already) keeps it.
+                target
+                    .replace_if(&again, &Expected::matching(&written), now_ms)
+                    .await?;
+                Ok(())
+            })
+            .await
+        })
+        .buffer_unordered(in_flight.max(1));
+    while let Some(done) = writes.next().await {
+        done?;
+    }
+    Ok(())
+}
+
+/// Writes one change, retrying what may not have been applied.
+async fn copy_change(
+    change: &Change,
+    target: &dyn Store,
+    clock: &dyn Clock,
+) -> StoreResult<Copied> {
+    match change {
+        Change::Put {
+            before: None,
+            after,
+        } => copy_one(after, target, clock).await,
+        Change::Put {
+            before: Some(before),
+            after,
+        } => replace_one(before, after, target, clock).await,
+        Change::Remove { before } => remove_one(before, target, clock).await,
+        Change::Same(_) => Ok(Copied::Unchanged),
+    }
+}
+
+/// Runs `write` until it settles, retrying `Unavailable` and `Uncertain`
+/// up to [`WRITE_ATTEMPTS`] times: every write here is conditional on what
+/// the target held, so a retry of one that landed finds its own result.
+async fn retried<T, F, Fut>(record: &Record, mut write: F) -> StoreResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = StoreResult<T>>,
+{
     let mut backoff = RETRY_BACKOFF;
     let mut attempt = 1;
     loop {
-        let now_ms = clock.now_ms();
-        if !record.is_live(now_ms) {
-            return Ok(Copied::Expired);
-        }
-        match target.import(&record, now_ms).await {
-            Ok(InsertOutcome::Inserted) => return Ok(Copied::Written),
-            Ok(InsertOutcome::Exists(existing)) if existing == record => {
-                return Ok(Copied::Present);
-            }
-            Ok(InsertOutcome::Exists(existing)) => {
-                return Ok(Copied::Conflict(describe_conflict(&record, &existing)));
-            }
-            // Nothing applied, or unknown: an insert tried again finds its
-            // own record if the first one landed.
+        match write().await {
             Err(error @ (StoreError::Unavailable(_) | StoreError::Uncertain(_)))
                 if attempt < WRITE_ATTEMPTS =>
             {
@@ -211,9 +455,137 @@ async fn copy_one(record: Record, target: &dyn Store, clock: &dyn Clock) -> Stor
                 backoff *= 2;
                 attempt += 1;
             }
-            Err(error) => return Err(error),
+            other => return other,
         }
     }
+}
+
+/// Replaces the earlier copy's `before` with `after`: conditionally in
+/// place when the dedup window is the same, else a conditional delete and
+/// an insert (the key was released and claimed anew since).
+async fn replace_one(
+    before: &Record,
+    after: &Record,
+    target: &dyn Store,
+    clock: &dyn Clock,
+) -> StoreResult<Copied> {
+    if before.expires_at_ms != after.expires_at_ms {
+        return match remove(before, Some(after), target, clock).await? {
+            Copied::Removed => copy_one(after, target, clock).await,
+            settled => Ok(settled),
+        };
+    }
+    // `None`: the key is free in the target (the earlier copy's record
+    // expired there, or was never written): an insert follows.
+    let replaced = retried(after, || async {
+        let now_ms = clock.now_ms();
+        if !after.is_live(now_ms) {
+            return Ok(Some(Copied::Expired));
+        }
+        Ok(
+            match target
+                .replace_if(after, &Expected::matching(before), now_ms)
+                .await?
+            {
+                CasOutcome::Applied => Some(Copied::Written),
+                CasOutcome::Conflict { current: None } => None,
+                CasOutcome::Conflict {
+                    current: Some(current),
+                } if is_copy_of(&current, after) => Some(Copied::Present),
+                CasOutcome::Conflict {
+                    current: Some(current),
+                } => Some(Copied::Conflict(describe_conflict(after, &current))),
+            },
+        )
+    })
+    .await?;
+    match replaced {
+        Some(copied) => Ok(copied),
+        None => copy_one(after, target, clock).await,
+    }
+}
+
+/// Removes the earlier copy's `before`, if the target still holds it.
+async fn remove_one(before: &Record, target: &dyn Store, clock: &dyn Clock) -> StoreResult<Copied> {
+    remove(before, None, target, clock).await
+}
+
+/// Removes `before` if the target holds it: [`Copied::Removed`] once the
+/// key is free, [`Copied::Present`] when the target already holds `after`
+/// (an earlier run of the same step), else a conflict.
+async fn remove(
+    before: &Record,
+    after: Option<&Record>,
+    target: &dyn Store,
+    clock: &dyn Clock,
+) -> StoreResult<Copied> {
+    retried(before, || async {
+        let now_ms = clock.now_ms();
+        Ok(
+            match target
+                .delete_if(&before.id, &Expected::matching(before), now_ms)
+                .await?
+            {
+                CasOutcome::Applied | CasOutcome::Conflict { current: None } => Copied::Removed,
+                CasOutcome::Conflict {
+                    current: Some(current),
+                } if after.is_some_and(|after| is_copy_of(&current, after)) => Copied::Present,
+                CasOutcome::Conflict {
+                    current: Some(current),
+                } => Copied::Conflict(describe_conflict(after.unwrap_or(before), &current)),
+            },
+        )
+    })
+    .await
+}
+
+/// Writes one record if the target does not hold its key, retrying what
+/// may not have been applied.
+async fn copy_one(record: &Record, target: &dyn Store, clock: &dyn Clock) -> StoreResult<Copied> {
+    retried(record, || async {
+        let now_ms = clock.now_ms();
+        if !record.is_live(now_ms) {
+            return Ok(Copied::Expired);
+        }
+        // Nothing applied, or unknown, is retried: an insert tried again
+        // finds its own record if the first one landed.
+        Ok(match target.import(record, now_ms).await? {
+            InsertOutcome::Inserted => Copied::Written,
+            InsertOutcome::Exists(existing)
+                if is_copy_of(&existing, record)
+                    && existing.lease_expires_at_ms < record.lease_expires_at_ms =>
+            {
+                // An earlier run's copy, its lease credited less than now.
+                match target
+                    .replace_if(record, &Expected::matching(&existing), now_ms)
+                    .await?
+                {
+                    CasOutcome::Applied => Copied::Written,
+                    CasOutcome::Conflict { current } => Copied::Conflict(describe_conflict(
+                        record,
+                        current.as_ref().unwrap_or(&existing),
+                    )),
+                }
+            }
+            InsertOutcome::Exists(existing) if is_copy_of(&existing, record) => Copied::Present,
+            InsertOutcome::Exists(existing) => {
+                Copied::Conflict(describe_conflict(record, &existing))
+            }
+        })
+    })
+    .await
+}
+
+/// Whether the target's `held` is what a copy of `source` left: equal, or
+/// the same IN_PROGRESS record with another lease (credited by an earlier
+/// run of the copy, at another time).
+fn is_copy_of(held: &Record, source: &Record) -> bool {
+    held == source
+        || (source.state == RecordState::InProgress
+            && Record {
+                lease_expires_at_ms: source.lease_expires_at_ms,
+                ..held.clone()
+            } == *source)
 }
 
 /// A conflict as a report names it: where, the key hashed, and which state
@@ -227,95 +599,4 @@ fn describe_conflict(source: &Record, target: &Record) -> String {
         source.state.as_str(),
         target.state.as_str(),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::clock::ManualClock;
-    use crate::store::memory::MemoryStore;
-    use crate::store::{RecordKey, RecordState, StoredResponse};
-
-    fn record(key: &str, state: RecordState, now: i64) -> Record {
-        Record {
-            id: RecordKey {
-                tenant: "t".into(),
-                endpoint: "POST /v1/payments".into(),
-                key: key.into(),
-            },
-            state,
-            fingerprint: vec![1; 32],
-            attempt: 1,
-            lease_token: format!("lease-{key}"),
-            attempt_id: String::new(),
-            created_at_ms: now - 1_000,
-            updated_at_ms: now - 500,
-            lease_expires_at_ms: now + 60_000,
-            completed_at_ms: (state == RecordState::Completed).then_some(now - 500),
-            expires_at_ms: now + 3_600_000,
-            response: (state == RecordState::Completed).then(|| StoredResponse {
-                status: 201,
-                body: b"ok".to_vec(),
-                ..StoredResponse::default()
-            }),
-            reason: String::new(),
-        }
-    }
-
-    async fn copy(records: &[Record], target: &MemoryStore, clock: &ManualClock) -> CopyReport {
-        let source = futures::stream::iter(records.iter().cloned().map(Ok));
-        copy_records(source, target, clock, CopyOptions::default(), |_| {})
-            .await
-            .expect("copy")
-    }
-
-    #[tokio::test]
-    async fn a_second_run_finds_every_record_present_and_names_conflicts_by_hash() {
-        let clock = ManualClock::starting_now();
-        let now = clock.now_ms();
-        let target = MemoryStore::new();
-        let records: Vec<Record> = [
-            RecordState::InProgress,
-            RecordState::Completed,
-            RecordState::Failed,
-            RecordState::Unknown,
-        ]
-        .into_iter()
-        .enumerate()
-        .map(|(i, state)| record(&format!("secret-key-{i}"), state, now))
-        .collect();
-
-        let first = copy(&records, &target, &clock).await;
-        assert_eq!((first.read, first.copied, first.present), (4, 4, 0));
-        for source in &records {
-            let copied = target.get(&source.id, now).await.expect("get");
-            assert_eq!(copied.as_ref(), Some(source), "copied as it is");
-        }
-
-        let second = copy(&records, &target, &clock).await;
-        assert_eq!((second.copied, second.present, second.conflicts), (0, 4, 0));
-
-        let mut changed = records[1].clone();
-        changed.fingerprint = vec![2; 32];
-        let third = copy(&[changed], &target, &clock).await;
-        assert_eq!((third.copied, third.conflicts), (0, 1));
-        let named = &third.conflict_keys[0];
-        assert!(!named.contains("secret-key"), "never the raw key: {named}");
-        assert!(
-            named.contains(&crate::fingerprint::short_hash(b"secret-key-1")),
-            "{named}"
-        );
-    }
-
-    #[tokio::test]
-    async fn a_record_expired_before_its_write_is_not_written() {
-        let clock = ManualClock::starting_now();
-        let now = clock.now_ms();
-        let mut expired = record("gone", RecordState::Completed, now);
-        expired.expires_at_ms = now;
-        let target = MemoryStore::new();
-        let report = copy(&[expired.clone()], &target, &clock).await;
-        assert_eq!((report.copied, report.expired), (0, 1));
-        assert_eq!(target.get(&expired.id, now - 1).await.expect("get"), None);
-    }
 }

@@ -7,6 +7,7 @@
 //! Run again it copies nothing; after the new server wrote, it reports the
 //! conflict without overwriting.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,22 +16,27 @@ use idemd::cli::CliError;
 use idemd::config::{Cli, Command};
 use idemd::crypto::Keyring;
 use idemd::proto::v1 as pb;
+use idemd::proto::v1::idempotency_client::IdempotencyClient;
+use idemd::store::Store;
 use idemd::store::cql::CqlStore;
 use idemd::store::cql::session::rows;
 use scylla::value::CqlValue;
+use tonic::transport::Channel;
 
 use crate::common::{
     PAYMENTS, TestServer, as_tenant, claim, claim_ok, claimed, dur, outcome_name, replayed,
     sample_response, test_settings, ts_ms, wall_ms,
 };
-use crate::cql_support::{TEST_KEYSPACE, migrated_options, nodes};
+use crate::cql_support::{nodes, own_keyspace};
 
 const KEYS: &str = "move-k1 AgICAgICAgICAgICAgICAgICAgICAgICAgICAgICAgI=\n";
 
-/// Runs `idemd copy-to-cql` as its command line would, on `data_dir`.
+/// Runs `idemd copy-to-cql` as its command line would, on `data_dir`, into
+/// `keyspace`.
 async fn copy(
     data_dir: &std::path::Path,
     keys: &std::path::Path,
+    keyspace: &str,
 ) -> Result<idemd::store::transfer::CopyReport, CliError> {
     let nodes = nodes().join(",");
     let cli = Cli::try_parse_from([
@@ -41,7 +47,7 @@ async fn copy(
         "--cql-nodes",
         &nodes,
         "--keyspace",
-        TEST_KEYSPACE,
+        keyspace,
         "--cql-request-timeout",
         "10s",
         "--encryption-keys",
@@ -123,7 +129,8 @@ async fn row_ttl(options: &idemd::store::cql::CqlOptions, tenant: &str, key: &st
     let result = session
         .query_unpaged(
             format!(
-                "SELECT TTL(state) AS left FROM {TEST_KEYSPACE}.records WHERE tenant = ? AND endpoint = ? AND key = ?"
+                "SELECT TTL(state) AS left FROM {}.records WHERE tenant = ? AND endpoint = ? AND key = ?",
+                options.keyspace
             ),
             (tenant, PAYMENTS, key),
         )
@@ -138,7 +145,8 @@ async fn row_ttl(options: &idemd::store::cql::CqlOptions, tenant: &str, key: &st
 
 #[tokio::test]
 async fn a_moved_store_replays_keeps_leases_and_pending_and_a_rerun_copies_nothing() {
-    let options = migrated_options().await;
+    let options = own_keyspace("moved").await;
+    let keyspace = options.keyspace.clone();
     let tenant = format!("move-{}-{}", std::process::id(), ts_nanos());
     let keys_dir = tempfile::tempdir().expect("dir");
     let keys = keys_dir.path().join("keys");
@@ -168,7 +176,7 @@ async fn a_moved_store_replays_keeps_leases_and_pending_and_a_rerun_copies_nothi
     }
 
     // Refused while the server owns the store.
-    let running = copy(old.dir.path(), &keys).await;
+    let running = copy(old.dir.path(), &keys, &keyspace).await;
     match &running {
         Err(CliError::Usage(message)) => assert!(
             message.contains("in use by") && message.contains("stop it first"),
@@ -177,6 +185,9 @@ async fn a_moved_store_replays_keeps_leases_and_pending_and_a_rerun_copies_nothi
         other => panic!("expected a refusal, got {other:?}"),
     }
 
+    // "stale"'s lease runs out before the stop, so the copy does not
+    // credit it ("held"'s is live at the stop: it is).
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
     let TestServer { server, dir, .. } = old;
     server
         .expect("running")
@@ -184,28 +195,32 @@ async fn a_moved_store_replays_keeps_leases_and_pending_and_a_rerun_copies_nothi
         .await
         .expect("clean stop");
 
-    let first = copy(dir.path(), &keys).await.expect("first copy");
+    let first = copy(dir.path(), &keys, &keyspace)
+        .await
+        .expect("first copy");
     assert_eq!(
         (first.read, first.copied, first.present, first.conflicts),
         (5, 5, 0, 0),
         "{first:?}"
     );
-    let again = copy(dir.path(), &keys).await.expect("second copy");
+    let again = copy(dir.path(), &keys, &keyspace)
+        .await
+        .expect("second copy");
     assert_eq!(
         (again.read, again.copied, again.present, again.conflicts),
-        (5, 0, 5, 0),
-        "a rerun finds every record copied: {again:?}"
+        (5, 1, 4, 0),
+        "a rerun finds every record copied, and writes again only the lease held across the stop, credited with the longer stop: {again:?}"
     );
     // The copied store is marked: an embedded server on it is refused,
     // naming the keyspace (a rerun of the copy is not).
     let mark = idemd::store::embedded::moved::MovedMarker::read(dir.path())
         .expect("read the mark")
         .expect("marked as moved");
-    assert_eq!(mark.keyspace, TEST_KEYSPACE);
+    assert_eq!(mark.keyspace, keyspace);
     let refused = idemd::server::open_store(&test_settings(dir.path())).await;
     let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
     assert!(
-        message.contains(&format!("moved to the CQL keyspace {TEST_KEYSPACE}")),
+        message.contains(&format!("moved to the CQL keyspace {keyspace}")),
         "{message}"
     );
 
@@ -265,7 +280,7 @@ async fn a_moved_store_replays_keeps_leases_and_pending_and_a_rerun_copies_nothi
 
     // The target now differs from the source for "held": a third run
     // reports it, hashed, and overwrites nothing.
-    let conflict = copy(dir.path(), &keys).await;
+    let conflict = copy(dir.path(), &keys, &keyspace).await;
     let message = match conflict {
         Err(CliError::Refused(message)) => message,
         other => panic!("expected a conflict, got {other:?}"),
@@ -282,6 +297,235 @@ async fn a_moved_store_replays_keeps_leases_and_pending_and_a_rerun_copies_nothi
     let still = claim_ok(&new, &tenant, claim(PAYMENTS, "held", 2)).await;
     assert_eq!(outcome_name(&still), "replayed", "not overwritten");
     new.stop().await;
+}
+
+/// `idemd copy-to-cql` run as an operator runs it (the binary), with
+/// `step` (`--from-backup B`, `--since-backup B`) and `--data-dir`.
+fn copy_command(data_dir: &Path, keyspace: &str, step: &[&str]) -> std::process::Output {
+    std::process::Command::new(crate::common::process::this_idemd())
+        .arg("copy-to-cql")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--cql-nodes", &nodes().join(","), "--keyspace", keyspace])
+        .args(["--cql-request-timeout", "10s", "--log-format", "json"])
+        .args(step)
+        .env("IDEMD_METRICS_LISTEN", "off")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run idemd copy-to-cql")
+}
+
+/// Claims `key` for `tenant` on a process's server with `lease`; its token.
+async fn claim_on(
+    client: &IdempotencyClient<Channel>,
+    tenant: &str,
+    key: &str,
+    lease: Duration,
+) -> pb::Claimed {
+    let mut request = claim(PAYMENTS, key, 5);
+    request.lease = Some(dur(lease));
+    let answer = client
+        .clone()
+        .claim(as_tenant(tenant, request))
+        .await
+        .expect("claim")
+        .into_inner();
+    claimed(&answer)
+}
+
+/// The short cut-over (issue 50): the bulk copied from a backup while the
+/// old idemd serves, then, stopped, only what changed since. Afterwards
+/// the keyspace holds exactly what the stopped store held: keys completed,
+/// released, released and claimed anew, and claimed since the backup; the
+/// lease held across the stop is credited with it (and a grace), so a
+/// takeover cannot follow from the move. `--since-backup` is refused for
+/// a backup no bulk copy finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_cutover_copies_the_bulk_while_serving_and_only_the_changes_when_stopped() {
+    let options = own_keyspace("short_cutover").await;
+    let keyspace = options.keyspace.clone();
+    let tenant = format!("short-{}-{}", std::process::id(), ts_nanos());
+    let scratch = tempfile::tempdir().expect("dir");
+    let (data, backup) = (scratch.path().join("data"), scratch.path().join("backup"));
+    let server = crate::common::process::spawn(&data, &[]);
+    let client = crate::common::connect(server.addr).await;
+    let long = Duration::from_secs(600);
+    let complete = |key: &'static str, token: String| {
+        let mut client = client.clone();
+        let tenant = tenant.clone();
+        async move {
+            client
+                .complete(as_tenant(
+                    &tenant,
+                    pb::CompleteRequest {
+                        endpoint: PAYMENTS.into(),
+                        key: key.into(),
+                        lease_token: token,
+                        response: Some(sample_response(key)),
+                    },
+                ))
+                .await
+                .expect("complete");
+        }
+    };
+    let release = |key: &'static str, token: String| {
+        let mut client = client.clone();
+        let tenant = tenant.clone();
+        async move {
+            client
+                .fail(as_tenant(
+                    &tenant,
+                    pb::FailRequest {
+                        endpoint: PAYMENTS.into(),
+                        key: key.into(),
+                        lease_token: token,
+                        disposition: pb::Disposition::Release.into(),
+                        reason: String::new(),
+                    },
+                ))
+                .await
+                .expect("release");
+        }
+    };
+
+    // Before the backup.
+    let done = claim_on(&client, &tenant, "done", long).await;
+    complete("done", done.lease_token).await;
+    let changed = claim_on(&client, &tenant, "changed", long).await;
+    let released = claim_on(&client, &tenant, "released", long).await;
+    let reclaimed = claim_on(&client, &tenant, "reclaimed", long).await;
+    let held = claim_on(&client, &tenant, "held", Duration::from_secs(30)).await;
+    let backed_up = std::process::Command::new(crate::common::process::this_idemd())
+        .args(["backup", "--data-dir"])
+        .arg(&data)
+        .arg("--to")
+        .arg(&backup)
+        .env("IDEMD_METRICS_LISTEN", "off")
+        .output()
+        .expect("idemd backup");
+    assert!(
+        backed_up.status.success(),
+        "{}",
+        String::from_utf8_lossy(&backed_up.stderr)
+    );
+
+    let too_early = copy_command(
+        &data,
+        &keyspace,
+        &["--since-backup", &backup.display().to_string()],
+    );
+    let said = String::from_utf8_lossy(&too_early.stderr);
+    assert!(
+        !too_early.status.success() && said.contains("--from-backup"),
+        "--since-backup before a bulk copy: {said}"
+    );
+    let bulk = copy_command(
+        &data,
+        &keyspace,
+        &["--from-backup", &backup.display().to_string()],
+    );
+    assert!(
+        bulk.status.success(),
+        "bulk while serving: {}",
+        String::from_utf8_lossy(&bulk.stderr)
+    );
+    let summary = String::from_utf8_lossy(&bulk.stdout);
+    assert!(summary.contains("5 copied"), "{summary}");
+    // Until the last step, no replica starts on the keyspace: "fresh"
+    // below would be claimed there although the old node completes it.
+    let flags = crate::cql_support::cql_flags(&keyspace);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let early = crate::common::process::idemd_command(&scratch.path().join("early"), &flags)
+        .output()
+        .expect("run idemd --store cql");
+    let said = String::from_utf8_lossy(&early.stderr);
+    assert!(
+        !early.status.success() && said.contains("is being filled by `idemd copy-to-cql`"),
+        "a replica started between the bulk and the last step: {said}"
+    );
+
+    // Since the backup, while the old idemd still serves.
+    complete("changed", changed.lease_token).await;
+    release("released", released.lease_token).await;
+    release("reclaimed", reclaimed.lease_token.clone()).await;
+    let anew = claim_on(&client, &tenant, "reclaimed", long).await;
+    let fresh = claim_on(&client, &tenant, "fresh", long).await;
+    complete("fresh", fresh.lease_token).await;
+    crate::common::process::sigterm(&server);
+    let mut server = server;
+    server.child.wait().expect("stopped");
+    let stopped = wall_ms();
+    // A stop longer than nothing: the credit must cover it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let delta = copy_command(
+        &data,
+        &keyspace,
+        &["--since-backup", &backup.display().to_string()],
+    );
+    let summary = String::from_utf8_lossy(&delta.stdout);
+    assert!(
+        delta.status.success(),
+        "delta: {}",
+        String::from_utf8_lossy(&delta.stderr)
+    );
+    for part in [
+        "3 copied",
+        "1 removed",
+        "2 unchanged",
+        "0 conflicts",
+        "2 leases credited",
+    ] {
+        assert!(summary.contains(part), "{part}: {summary}");
+    }
+    let delta_done = wall_ms();
+
+    let store = CqlStore::open(&options).await.expect("open cql");
+    let now = wall_ms();
+    let get = |key: &str| {
+        let id = idemd::store::RecordKey {
+            tenant: tenant.clone(),
+            endpoint: PAYMENTS.into(),
+            key: key.into(),
+        };
+        let store = &store;
+        async move { store.get(&id, now).await.expect("get") }
+    };
+    use idemd::store::RecordState;
+    for key in ["done", "changed", "fresh"] {
+        let record = get(key).await.unwrap_or_else(|| panic!("{key} copied"));
+        assert_eq!(record.state, RecordState::Completed, "{key}");
+    }
+    assert_eq!(get("released").await, None, "released since the backup");
+    let record = get("reclaimed").await.expect("claimed anew");
+    assert_eq!(
+        (record.state, record.lease_token.as_str()),
+        (RecordState::InProgress, anew.lease_token.as_str()),
+        "the new claim, not the released one"
+    );
+    let record = get("held").await.expect("held");
+    assert_eq!(record.lease_token, held.lease_token);
+    let granted = ts_ms(&held.lease_expires_at);
+    let credited = record.lease_expires_at_ms - granted;
+    assert!(
+        credited >= (delta_done - stopped) + 60_000 - 1_000,
+        "the lease is credited with the stop ({} ms) and the 60 s grace: {credited} ms",
+        delta_done - stopped
+    );
+    let marked = idemd::store::embedded::moved::MovedMarker::read(&data).expect("read mark");
+    assert_eq!(marked.map(|mark| mark.keyspace), Some(keyspace.clone()));
+    let _ = store.close().await;
+
+    // Complete: a replica starts, and a retry of a key completed after the
+    // backup replays.
+    let new = crate::common::process::spawn(&scratch.path().join("new"), &flags);
+    let answer = crate::common::connect(new.addr)
+        .await
+        .claim(as_tenant(&tenant, claim(PAYMENTS, "fresh", 5)))
+        .await
+        .expect("claim on the cluster")
+        .into_inner();
+    assert_eq!(outcome_name(&answer), "replayed", "{answer:?}");
 }
 
 fn ts_nanos() -> u128 {

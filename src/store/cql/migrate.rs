@@ -56,6 +56,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "pending_buckets",
         cql: include_str!("../../../migrations/0003_pending_buckets.cql"),
     },
+    Migration {
+        version: 4,
+        name: "cutover",
+        cql: include_str!("../../../migrations/0004_cutover.cql"),
+    },
 ];
 
 /// The migration that replaced `pending_index`: from it on, every run also

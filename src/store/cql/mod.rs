@@ -59,6 +59,7 @@
 //! Nothing correctness-critical lives in one replica's memory, so any number
 //! of idemd replicas can share a keyspace.
 
+pub mod cutover;
 pub mod migrate;
 mod pending;
 mod records;
@@ -144,6 +145,12 @@ impl CqlStore {
             session,
             cluster_time,
         })
+    }
+
+    /// The driver session the store runs on (the cut-over mark,
+    /// [`cutover`], is read and written through it).
+    pub fn session(&self) -> &Session {
+        &self.session
     }
 
     /// Counters (uncertain writes).

@@ -36,6 +36,7 @@ use super::failure::storage_error;
 use super::owner::{DirOwner, OwnerError};
 use super::tables::{RECORDS, decode_loaded};
 use super::{EmbeddedOptions, EmbeddedStore, codec, wal};
+use crate::store::transfer::Change;
 use crate::store::{Record, StoreError, StoreResult};
 
 /// Entries of the `records` table read per page: a page of records of
@@ -84,6 +85,14 @@ pub fn open_stopped(options: &EmbeddedOptions) -> Result<EmbeddedStore, OpenErro
     Ok(EmbeddedStore::open_with(options, owner, None, false)?)
 }
 
+/// When an idemd last served the store in `data_dir` (its heartbeat,
+/// [`super::alive`]): where a copy's lease credit starts. `None` when none
+/// ever served there with a heartbeat (a release before it), or the file
+/// is torn.
+pub fn stopped_serving_at(data_dir: &std::path::Path) -> Option<i64> {
+    super::alive::Heartbeat::last(data_dir)
+}
+
 /// How many entries the `records` table holds, live or expired: the total
 /// a progress line counts towards (expired entries are skipped, so the
 /// copy may end below it).
@@ -100,6 +109,9 @@ pub fn stored_records(store: &EmbeddedStore) -> StoreResult<u64> {
 pub struct ExportPage {
     /// The page's live records, in key order, responses opened.
     pub records: Vec<Record>,
+    /// The stored key of each record of `records` (same order): what two
+    /// exports are merged by ([`Changes`]).
+    pub keys: Vec<Vec<u8>>,
     /// Where the next page starts (exclusive): the last key read, live or
     /// not. `None` when the table has no more entries.
     pub resume_after: Option<Vec<u8>>,
@@ -141,6 +153,7 @@ pub fn export_page(
         let id = codec::decode_record_key(&key).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         if let Some(loaded) = decode_loaded(&id, &value, now_ms)? {
             page.records.push(store.unseal(loaded)?);
+            page.keys.push(key.clone());
         }
         page.resume_after = Some(key);
     }
@@ -193,6 +206,112 @@ impl<N: FnMut() -> i64> Iterator for Export<'_, N> {
             Err(_) => self.done = true,
         }
         Some(page)
+    }
+}
+
+/// The live records of one export one at a time, with their stored keys.
+struct Entries<'a, N: FnMut() -> i64> {
+    /// The pages.
+    export: Export<'a, N>,
+    /// The rest of the current page, in key order.
+    page: std::vec::IntoIter<(Vec<u8>, Record)>,
+    /// The entry [`Self::peek`] returned, not taken yet.
+    peeked: Option<(Vec<u8>, Record)>,
+}
+
+impl<'a, N: FnMut() -> i64> Entries<'a, N> {
+    fn new(export: Export<'a, N>) -> Self {
+        Self {
+            export,
+            page: Vec::new().into_iter(),
+            peeked: None,
+        }
+    }
+
+    /// The next entry's key, reading the next page when this one is done.
+    fn peek(&mut self) -> StoreResult<Option<&[u8]>> {
+        while self.peeked.is_none() {
+            if let Some(entry) = self.page.next() {
+                self.peeked = Some(entry);
+                break;
+            }
+            match self.export.next() {
+                None => return Ok(None),
+                Some(page) => {
+                    let page = page?;
+                    let entries: Vec<_> = page.keys.into_iter().zip(page.records).collect();
+                    self.page = entries.into_iter();
+                }
+            }
+        }
+        Ok(self.peeked.as_ref().map(|(key, _)| key.as_slice()))
+    }
+
+    fn take(&mut self) -> Option<Record> {
+        self.peeked.take().map(|(_, record)| record)
+    }
+}
+
+/// What changed in a store since `baseline`, a backup of it whose records an
+/// earlier copy wrote into the target (`idemd copy-to-cql --since-backup`):
+/// both exports read page by page in key order and merged, one
+/// [`Change`] per key either holds live. Memory is two pages.
+pub struct Changes<'a, N: FnMut() -> i64, M: FnMut() -> i64> {
+    /// The backup's live records: what the target holds from the bulk copy.
+    before: Entries<'a, N>,
+    /// The store's live records: what the target must hold.
+    after: Entries<'a, M>,
+    /// A read failed: no item follows the error.
+    failed: bool,
+}
+
+impl<'a, N: FnMut() -> i64, M: FnMut() -> i64> Changes<'a, N, M> {
+    /// The changes from `baseline` to `store`.
+    pub fn new(baseline: Export<'a, N>, store: Export<'a, M>) -> Self {
+        Self {
+            before: Entries::new(baseline),
+            after: Entries::new(store),
+            failed: false,
+        }
+    }
+
+    fn step(&mut self) -> StoreResult<Option<Change>> {
+        let order = match (self.before.peek()?, self.after.peek()?) {
+            (None, None) => return Ok(None),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (Some(before), Some(after)) => before.cmp(after),
+        };
+        let change = match order {
+            std::cmp::Ordering::Less => self.before.take().map(|before| Change::Remove { before }),
+            std::cmp::Ordering::Greater => self.after.take().map(|after| Change::Put {
+                before: None,
+                after,
+            }),
+            std::cmp::Ordering::Equal => match (self.before.take(), self.after.take()) {
+                (Some(before), Some(after)) if before == after => Some(Change::Same(after)),
+                (before, Some(after)) => Some(Change::Put { before, after }),
+                (_, None) => None,
+            },
+        };
+        Ok(change)
+    }
+}
+
+impl<N: FnMut() -> i64, M: FnMut() -> i64> Iterator for Changes<'_, N, M> {
+    type Item = StoreResult<Change>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        match self.step() {
+            Ok(change) => change.map(Ok),
+            Err(error) => {
+                self.failed = true;
+                Some(Err(error))
+            }
+        }
     }
 }
 
@@ -321,6 +440,78 @@ mod tests {
             open_stopped(&options(dir.path())).is_ok(),
             "free once stopped"
         );
+    }
+
+    #[tokio::test]
+    async fn changes_since_a_baseline_name_each_key_once_in_key_order() {
+        let (old_dir, new_dir) = (
+            tempfile::tempdir().expect("dir"),
+            tempfile::tempdir().expect("dir"),
+        );
+        let later = NOW + 60_000;
+        // Enough keys for several pages on each side.
+        let keys = EXPORT_PAGE * 2 + 5;
+        let old = EmbeddedStore::open(&options(old_dir.path())).expect("open");
+        let new = EmbeddedStore::open(&options(new_dir.path())).expect("open");
+        for i in 0..keys {
+            let key = format!("key-{i:05}");
+            let record = completed(&key, b"same", later);
+            // Every 3rd key only in the baseline (removed), every 5th
+            // changed, every 7th new (not in the baseline).
+            if i % 7 != 0 {
+                old.insert_if_absent(&record, NOW).await.expect("insert");
+            }
+            if i % 3 == 0 && i % 7 != 0 {
+                continue;
+            }
+            let record = if i % 5 == 0 {
+                completed(&key, b"changed", later)
+            } else {
+                record
+            };
+            new.insert_if_absent(&record, NOW).await.expect("insert");
+        }
+        for store in [old, new] {
+            store.close().await.expect("close");
+        }
+        let old = open_stopped(&options(old_dir.path())).expect("open stopped");
+        let new = open_stopped(&options(new_dir.path())).expect("open stopped");
+        let changes: Vec<Change> =
+            Changes::new(Export::new(&old, || NOW), Export::new(&new, || NOW))
+                .collect::<StoreResult<_>>()
+                .expect("changes");
+        assert_eq!(changes.len(), keys, "one change per key");
+        for (i, change) in changes.iter().enumerate() {
+            let key = format!("key-{i:05}");
+            match change {
+                Change::Remove { before } => {
+                    assert!(i % 3 == 0 && i % 7 != 0, "{key} removed");
+                    assert_eq!(before.id.key, key);
+                }
+                Change::Put {
+                    before: None,
+                    after,
+                } => {
+                    assert!(i % 7 == 0, "{key} new");
+                    assert_eq!(after.id.key, key);
+                }
+                Change::Put {
+                    before: Some(before),
+                    after,
+                } => {
+                    assert!(i % 5 == 0, "{key} changed");
+                    assert_eq!(
+                        (before.id.key.as_str(), after.id.key.as_str()),
+                        (key.as_str(), key.as_str())
+                    );
+                    assert_ne!(before.response, after.response);
+                }
+                Change::Same(same) => {
+                    assert!(i % 3 != 0 && i % 5 != 0 && i % 7 != 0, "{key} same");
+                    assert_eq!(same.id.key, key);
+                }
+            }
+        }
     }
 
     #[test]

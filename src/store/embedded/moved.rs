@@ -26,6 +26,12 @@ use crate::store::{StoreError, StoreResult};
 /// The mark's file in the data directory.
 pub const MOVED_FILE: &str = "moved.json";
 
+/// The same mark in a backup after `idemd copy-to-cql --from-backup`
+/// copied it whole: its records are in that keyspace. `--since-backup`
+/// refuses a backup without it (or marked for another keyspace): it writes
+/// only what changed since the backup, so everything else must be there.
+pub const BULK_COPIED_FILE: &str = "copied-to-cql.json";
+
 /// Where the store went.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MovedMarker {
@@ -50,15 +56,25 @@ impl MovedMarker {
     /// Writes the mark into `data_dir`, durably (a temporary file renamed
     /// over it, the directory synced).
     pub fn write(&self, data_dir: &Path) -> StoreResult<()> {
+        self.write_as(data_dir, MOVED_FILE)
+    }
+
+    /// Writes the mark into `dir` as `file` ([`MOVED_FILE`] or
+    /// [`BULK_COPIED_FILE`]), durably.
+    pub fn write_as(&self, dir: &Path, file: &str) -> StoreResult<()> {
         let text = serde_json::to_vec_pretty(self)
             .map_err(|e| storage_error("cannot write the moved mark", e))?;
-        write_durably(data_dir, MOVED_FILE, &text)
-            .map_err(|e| storage_error("cannot write the moved mark", e))
+        write_durably(dir, file, &text).map_err(|e| storage_error("cannot write the moved mark", e))
     }
 
     /// The mark in `data_dir`, if there is one.
     pub fn read(data_dir: &Path) -> StoreResult<Option<Self>> {
-        let path = data_dir.join(MOVED_FILE);
+        Self::read_as(data_dir, MOVED_FILE)
+    }
+
+    /// The mark `file` in `dir`, if there is one.
+    pub fn read_as(dir: &Path, file: &str) -> StoreResult<Option<Self>> {
+        let path = dir.join(file);
         match std::fs::read(&path) {
             Ok(text) => serde_json::from_slice(&text).map(Some).map_err(|e| {
                 StoreError::Corrupt(format!(
