@@ -55,7 +55,7 @@ use harness::report::{Profile, Report};
 use harness::run::Setup;
 use harness::workload::Load;
 use plumbing::cluster::{Cluster, ClusterSpec, Placement};
-use scenarios::{cql, embedded, image, partition, resize, restore, skew};
+use scenarios::{cql, cutover, embedded, image, partition, resize, restore, skew};
 
 /// Command line of `idemd-faults`.
 #[derive(Debug, Parser)]
@@ -68,7 +68,7 @@ struct Args {
     #[arg(long)]
     idemd_bin: PathBuf,
     /// Only these scenarios (kill9, pause, torn-wal, corrupt-page,
-    /// damage-unscrubbed, backup-restore, restore-guard, disk-image, resize-kill, full-disk, cql-node-kill, cql-node-pause, cql-quorum-loss,
+    /// damage-unscrubbed, backup-restore, restore-guard, disk-image, resize-kill, full-disk, cql-node-kill, cql-node-pause, cql-quorum-loss, cutover,
     /// cql-cluster-restart, cql-clock-skew, cql-mixed-fleet, cql-partition-node, cql-partition-dc,
     /// cql-partition-replica, cql-partition-split; of the CQL ones the
     /// short profile runs the clock skew and the partitions).
@@ -209,6 +209,7 @@ async fn main() -> anyhow::Result<()> {
         "cql-cluster-restart",
         "cql-clock-skew",
         "cql-mixed-fleet",
+        "cutover",
     ]
     .into_iter()
     .any(wanted)
@@ -254,6 +255,11 @@ async fn main() -> anyhow::Result<()> {
                 for _ in 0..args.cluster_restarts {
                     report(cql::quorum_loss(&cluster, &cql_setup, &[1, 2, 3]).await?);
                 }
+            }
+            // Last: it marks the keyspace as being copied into while it
+            // runs, and a replica of a later scenario would be refused.
+            if wanted("cutover") {
+                report(cutover::cutover(&cluster, &cql_setup).await?);
             }
             anyhow::Ok(())
         }

@@ -58,12 +58,25 @@ impl Run {
     /// Starts `servers` and the workers, which spread over them; `dir`
     /// (the servers' data) lives as long as the run.
     pub async fn start_with(
-        mut servers: Vec<Server>,
+        servers: Vec<Server>,
         load: &Load,
         dir: tempfile::TempDir,
     ) -> anyhow::Result<Self> {
-        for server in &mut servers {
-            server.start().await?;
+        let all: Vec<usize> = (0..servers.len()).collect();
+        Self::start_some(servers, &all, load, dir).await
+    }
+
+    /// [`Self::start_with`], starting only the servers at `started`; the
+    /// workers know every server's address from the start and the scenario
+    /// starts the others later (`cutover`: the cluster's replica).
+    pub async fn start_some(
+        mut servers: Vec<Server>,
+        started: &[usize],
+        load: &Load,
+        dir: tempfile::TempDir,
+    ) -> anyhow::Result<Self> {
+        for i in started {
+            servers[*i].start().await?;
         }
         let history = Arc::new(History::default());
         history.phase("load");

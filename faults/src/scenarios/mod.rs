@@ -13,9 +13,11 @@
 //! * `cql`: a 3-node Cassandra cluster under two replicas: a node killed,
 //!   a node paused, the quorum lost, the whole cluster restarted.
 //! * `skew`: one of two replicas with its wall clock moved.
+//! * `cutover`: the move from the embedded store to the cluster under load.
 //! * `partition`: links cut between the nodes and the replicas.
 
 pub mod cql;
+pub mod cutover;
 pub mod embedded;
 pub mod image;
 pub mod partition;
