@@ -8,12 +8,13 @@
 # faketime (libfaketime: the fault suite's cql-clock-skew moves one
 # replica's wall clock), and nft (nftables: the partition scenarios cut
 # links inside a network namespace of their own), and mkfs.ext4 (e2fsprogs:
-# the disk-image scenario puts the data directory on ext4 on a loop device).
+# the disk-image scenario puts the data directory on ext4 on a loop device),
+# and nginx (the SDK suites' proxy matrix: scripts/nginx.sh).
 # Debian packages; needs root only when something is missing.
 set -euo pipefail
 missing=()
 # tool:package
-for pair in curl:curl bash:bash unshare:util-linux nsenter:util-linux ip:iproute2 faketime:faketime nft:nftables mkfs.ext4:e2fsprogs; do
+for pair in curl:curl bash:bash unshare:util-linux nsenter:util-linux ip:iproute2 faketime:faketime nft:nftables mkfs.ext4:e2fsprogs nginx:nginx; do
     tool=${pair%%:*}
     package=${pair#*:}
     if ! command -v "$tool" >/dev/null 2>&1; then
