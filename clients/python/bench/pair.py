@@ -1,5 +1,5 @@
 """Times the executor's Claim + Complete pair (a fresh key each), one at a time, per transport:
-the SDK's own HTTP/2 transport and grpcio, sync (`idemd.Client`) and asyncio
+the SDK's own on h2 (transport="h2") and grpcio (the default), sync (`idemd.Client`) and asyncio
 (`idemd.aio.AsyncClient`), in interleaved rounds so that both meet the same machine. Prints p50/p99
 wall time and the process's CPU time per pair.
 
@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--modes", default="sync,aio")
-    parser.add_argument("--transports", default="http2,grpcio")
+    parser.add_argument("--transports", default="h2,grpcio")
     args = parser.parse_args()
     transports = tuple(args.transports.split(","))
     results = {}

@@ -170,6 +170,7 @@ class _Conn:
                     if flags & ACK:
                         self.pong.set()
                     else:
+                        server.pings += 1
                         self.send(frame(PING, ACK, 0, payload))
                 elif kind == WINDOW_UPDATE:
                     increment = struct.unpack(">I", payload)[0]
@@ -251,6 +252,7 @@ class H2Server:
         self.give_window = give_window
         self.calls: List[Call] = []
         self.resets: List[Tuple[int, int]] = []
+        self.pings = 0  # PINGs the clients sent
         self.violations: List[str] = []
         self.errors: List[BaseException] = []
         self.connections: List[_Conn] = []

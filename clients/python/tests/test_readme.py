@@ -1,4 +1,5 @@
-"""README.md's usage block runs as written against the live idemd."""
+"""README.md's blocks run as written against the live idemd: the usage block, the ingress block
+(through nginx with TLS, scripts/nginx.sh), the FastAPI and Flask blocks."""
 
 from __future__ import annotations
 
@@ -65,3 +66,27 @@ def test_middleware_blocks_serve_as_written(server: Server, monkeypatch) -> None
     exec(compile(_middleware_block("idempotent_flask(app"), "README flask", "exec"), flask_ns)
     with serve_wsgi(flask_ns["app"]) as port:
         _pays_once(port)
+
+
+def test_ingress_tls_block_runs_as_written(server: Server, tmp_path) -> None:
+    """The "Through an ingress, with TLS" block, as written, through nginx terminating TLS in
+    front of idemd (the proxy matrix's ``goaway`` profile: TLS and a GOAWAY every 10 requests),
+    trusting the test CA; once with the default transport and once with ``h2``."""
+    from test_proxy_matrix import _certs, start_nginx, stop_nginx
+
+    block = _middleware_block("IDEMD_INGRESS")
+    nginx = start_nginx("goaway", server.address, tmp_path / "nginx")
+    try:
+        port = nginx.address.rsplit(":", 1)[1]
+        env = dict(os.environ, IDEMD_INGRESS=f"localhost:{port}", IDEMD_CA_FILE=str(_certs() / "ca.pem"),
+                   IDEMD_TOKEN=CREDENTIALS["alice"])
+        env["PYTHONPATH"] = os.pathsep.join([str(SDK_ROOT / "src"), env.get("PYTHONPATH", "")])
+        for block_as_run in (block, block.replace('token=os.environ["IDEMD_TOKEN"])',
+                                                  'token=os.environ["IDEMD_TOKEN"], transport="h2")')):
+            assert block_as_run.count("Client(") == 1
+            done = subprocess.run([sys.executable, "-c", block_as_run], env=env, capture_output=True, text=True,
+                                  timeout=60)
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.split() == ["201", "False"], done.stdout
+    finally:
+        stop_nginx(nginx)

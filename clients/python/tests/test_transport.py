@@ -1,4 +1,5 @@
-"""The SDK's own HTTP/2 transport (src/idemd/_h2.py): what it must do that grpcio did for it.
+"""The SDK's own HTTP/2 transport on ``h2`` (src/idemd/_h2.py, ``transport="h2"``): what it must do
+that grpcio does for it.
 Protocol edge cases against a scripted HTTP/2 server (tests/h2_server.py), each for the sync client
 and the asyncio one: trailers-only errors with a percent-encoded message and binary details, HTTP
 errors, resets, GOAWAY and a new connection, deadlines, PING, CONTINUATION, padding, large
@@ -40,6 +41,7 @@ def lookup(kind: str, address: str, request: "pb.LookupRequest" = LOOKUP, **opti
 def calls(kind: str, address: str, requests, **options) -> list:
     """Lookups one after another on one client; an RpcError ends them (raised)."""
     options.setdefault("timeout", 5)
+    options.setdefault("transport", "h2")
     if kind == "sync":
         with idemd.Client(address, insecure=True, token="t0k", tenant="acme", **options) as client:
             assert client._lean is not None
@@ -58,7 +60,7 @@ def each(kind: str, address: str, n: int) -> list:
 
     if kind == "sync":
         out = []
-        with idemd.Client(address, insecure=True, timeout=5) as client:
+        with idemd.Client(address, insecure=True, timeout=5, transport="h2") as client:
             for _ in range(n):
                 try:
                     out.append(client.lookup(LOOKUP))
@@ -68,7 +70,7 @@ def each(kind: str, address: str, n: int) -> list:
 
     async def main() -> list:
         out = []
-        async with AsyncClient(address, insecure=True, timeout=5) as client:
+        async with AsyncClient(address, insecure=True, timeout=5, transport="h2") as client:
             for _ in range(n):
                 try:
                     out.append(await client.lookup(LOOKUP))
@@ -181,12 +183,60 @@ def assert_first_call_unavailable_then_reconnects(kind: str, end_first: Callable
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_goaway_fails_unprocessed_calls_unavailable_and_the_next_call_reconnects(kind: str) -> None:
-    # The first call was not processed; the connection stays open, as a server draining its
-    # other streams keeps it.
-    assert_first_call_unavailable_then_reconnects(
-        kind, lambda call: call.goaway(last_stream_id=0, close=False)
-    )
+@pytest.mark.parametrize("how", ["goaway", "refused"])
+def test_a_call_the_server_never_took_moves_to_a_new_connection_without_an_error(kind: str, how: str) -> None:
+    # The first call was not processed: a GOAWAY below its stream (the connection stays open, as
+    # a server draining its other streams keeps it), or REFUSED_STREAM.
+    def script(call: Call) -> None:
+        if len(call.conn.server.calls) == 1:
+            if how == "goaway":
+                call.goaway(last_stream_id=0, close=False)
+            else:
+                call.reset(0x7)
+        else:
+            call.reply(FOUND)
+
+    with H2Server(script) as server:
+        results = each(kind, server.address, 2)
+    assert [r.record.key for r in results] == ["k1", "k1"]
+    assert len(server.calls) == 3
+    assert len(server.connections) == (2 if how == "goaway" else 1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_answers_to_streams_below_a_goaway_still_arrive(kind: str) -> None:
+    """nginx's keepalive_requests: the GOAWAY naming the call's stream comes before its answer."""
+    def script(call: Call) -> None:
+        if len(call.conn.server.calls) == 1:
+            call.goaway(last_stream_id=call.stream_id, close=False)
+        call.reply(FOUND)
+
+    with H2Server(script) as server:
+        results = each(kind, server.address, 2)
+    assert [r.record.key for r in results] == ["k1", "k1"]
+    assert len(server.calls) == 2 and len(server.connections) == 2
+
+
+def test_async_calls_wait_for_the_servers_stream_limit() -> None:
+    in_flight, most = [0], [0]
+
+    def script(call: Call) -> None:
+        in_flight[0] += 1
+        most[0] = max(most[0], in_flight[0])
+        time.sleep(0.05)
+        in_flight[0] -= 1
+        call.reply(FOUND)
+
+    async def main(address: str) -> None:
+        async with AsyncClient(address, insecure=True, timeout=5, transport="h2") as client:
+            results = await asyncio.gather(*(client.lookup(LOOKUP) for _ in range(12)))
+        assert all(r.record.key == "k1" for r in results)
+
+    with H2Server(script, settings=[(0x3, 3)]) as server:  # SETTINGS_MAX_CONCURRENT_STREAMS 3
+        asyncio.run(main(server.address))
+    assert server.resets == [] and len(server.calls) == 12
+    assert most[0] == 3
+    assert len(server.connections) == 1
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -218,11 +268,11 @@ def test_a_connection_the_server_ends_while_idle_is_replaced_without_an_error(ki
 
     with H2Server(script) as server:
         if kind == "sync":
-            with idemd.Client(server.address, insecure=True, timeout=5) as client:
+            with idemd.Client(server.address, insecure=True, timeout=5, transport="h2") as client:
                 results = slow_lookups(client)
         else:
             async def main():
-                async with AsyncClient(server.address, insecure=True, timeout=5) as client:
+                async with AsyncClient(server.address, insecure=True, timeout=5, transport="h2") as client:
                     return await slow_async_lookups(client)
             results = asyncio.run(main())
     assert [r.record.key for r in results] == ["k1", "k1"]
@@ -306,7 +356,7 @@ def test_concurrent_async_calls_are_multiplexed_on_one_connection() -> None:
         call.reply(FOUND)
 
     async def main(address: str) -> None:
-        async with AsyncClient(address, insecure=True, timeout=5) as client:
+        async with AsyncClient(address, insecure=True, timeout=5, transport="h2") as client:
             results = await asyncio.gather(*(client.lookup(LOOKUP) for _ in range(10)))
         assert all(r.record.key == "k1" for r in results)
 
@@ -325,14 +375,17 @@ def test_concurrent_async_calls_are_multiplexed_on_one_connection() -> None:
     ("[::1]:50051", True), ("unix:/tmp/idemd.sock", False), ("ipv4:127.0.0.1:50051", False),
 ])
 def test_targets_the_lean_transport_dials(target: str, lean: bool) -> None:
-    with idemd.Client(target, insecure=True) as client:
+    with idemd.Client(target, insecure=True, transport="h2") as client:
         assert (client._lean is not None) == lean
 
 
-def test_grpcio_on_request_or_with_channel_options() -> None:
-    for kwargs in ({"transport": "grpcio"}, {"options": [("grpc.max_receive_message_length", 1 << 20)]}):
+def test_grpcio_by_default_on_request_or_with_channel_options() -> None:
+    for kwargs in ({}, {"transport": "grpcio"},
+                   {"transport": "h2", "options": [("grpc.max_receive_message_length", 1 << 20)]}):
         with idemd.Client("127.0.0.1:50051", insecure=True, **kwargs) as client:
             assert client._lean is None
+    with idemd.Client("127.0.0.1:50051", insecure=True, transport="http2") as client:  # the old name
+        assert client._lean is not None
     with pytest.raises(ValueError):
         idemd.Client("127.0.0.1:50051", insecure=True, transport="h3")
 
@@ -342,7 +395,7 @@ def test_grpcio_on_request_or_with_channel_options() -> None:
 
 def _both(server: Server, fn: Callable[[idemd.Client], object]) -> list:
     out = []
-    for transport in ("http2", "grpcio"):
+    for transport in ("h2", "grpcio"):
         with server.client("alice", transport=transport) as client:
             try:
                 out.append(fn(client))
@@ -371,7 +424,7 @@ def test_same_answers_and_errors_as_grpcio(server: Server) -> None:
 def test_unauthenticated_like_grpcio() -> None:
     with start_server() as server:
         errors = []
-        for transport in ("http2", "grpcio"):
+        for transport in ("h2", "grpcio"):
             with idemd.Client(server.address, insecure=True, token="wrong", transport=transport) as client:
                 with pytest.raises(idemd.RpcError) as raised:
                     client.lookup(LOOKUP)
@@ -384,7 +437,7 @@ def test_a_stopped_idemd_is_unavailable_on_the_pooled_connection() -> None:
     it does not hang or raise anything else."""
     request = pb.LookupRequest(endpoint="POST /v1/payments", key="nope")
     with start_server() as server:
-        sync_client = idemd.Client(server.address, insecure=True, token=CREDENTIALS["alice"], timeout=5)
+        sync_client = idemd.Client(server.address, insecure=True, token=CREDENTIALS["alice"], timeout=5, transport="h2")
         with pytest.raises(idemd.RpcError) as raised:
             sync_client.lookup(request)
         assert raised.value.code == grpc.StatusCode.NOT_FOUND
@@ -394,7 +447,7 @@ def test_a_stopped_idemd_is_unavailable_on_the_pooled_connection() -> None:
 
     async def main() -> grpc.StatusCode:
         with start_server() as server:
-            client = AsyncClient(server.address, insecure=True, token=CREDENTIALS["alice"], timeout=5)
+            client = AsyncClient(server.address, insecure=True, token=CREDENTIALS["alice"], timeout=5, transport="h2")
             with pytest.raises(idemd.RpcError):
                 await client.lookup(request)
         async with client:
@@ -403,3 +456,113 @@ def test_a_stopped_idemd_is_unavailable_on_the_pooled_connection() -> None:
         return raised.value.code
 
     assert asyncio.run(main()) == grpc.StatusCode.UNAVAILABLE
+
+
+# -- through an HTTP CONNECT proxy -------------------------------------------------------------
+
+
+class ConnectProxy:
+    """A minimal HTTP CONNECT proxy on loopback: it counts the tunnels it opened."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.tunnels: list = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = "http://127.0.0.1:%d" % self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = client.recv(1)
+                if not chunk:
+                    break
+                head += chunk
+            target = head.split(b" ")[1].decode()
+            self.tunnels.append(target)
+            host, port = target.rsplit(":", 1)
+            upstream = socket.create_connection((host, int(port)))
+            client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source, sink) -> None:
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_h2_transport_goes_through_the_https_proxy_of_the_environment(kind: str, monkeypatch) -> None:
+    proxy = ConnectProxy()
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_grpc_proxy", raising=False)
+    monkeypatch.setenv("https_proxy", proxy.url)
+    try:
+        with H2Server(lambda call: call.reply(FOUND)) as server:
+            assert lookup(kind, server.address).record.key == "k1"
+            assert proxy.tunnels == [server.address]
+            monkeypatch.setenv("no_proxy", "localhost,127.0.0.0/8")  # exempt: straight to the server
+            assert lookup(kind, server.address).record.key == "k1"
+            assert proxy.tunnels == [server.address]
+    finally:
+        proxy.close()
+
+
+def test_proxy_variables_as_grpcio_reads_them(monkeypatch) -> None:
+    from idemd import _h2
+
+    for name in ("grpc_proxy", "https_proxy", "http_proxy", "no_proxy", "no_grpc_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    assert _h2.proxy_for("idemd.internal") is None
+    monkeypatch.setenv("http_proxy", "http://low:1")
+    monkeypatch.setenv("https_proxy", "http://user:p%40ss@egress.internal:3128")
+    found = _h2.proxy_for("idemd.internal")
+    assert (found.host, found.port) == ("egress.internal", 3128)
+    assert found.authorization == "Basic " + base64.b64encode(b"user:p@ss").decode()
+    monkeypatch.setenv("grpc_proxy", "egress2:8080")
+    assert (_h2.proxy_for("idemd.internal").host, _h2.proxy_for("idemd.internal").port) == ("egress2", 8080)
+    monkeypatch.setenv("no_proxy", ".internal,10.0.0.0/8")
+    assert _h2.proxy_for("idemd.internal") is None and _h2.proxy_for("10.1.2.3") is None
+    assert _h2.proxy_for("example.com") is not None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_keepalive_pings_a_connection_that_waits(kind: str) -> None:
+    def script(call: Call) -> None:
+        time.sleep(0.5)  # the client pings while it waits
+        call.reply(FOUND)
+
+    with H2Server(script) as server:
+        assert lookup(kind, server.address, keepalive=(0.1, 2.0)).record.key == "k1"
+    assert server.pings >= 2
+    with H2Server(script) as server:
+        assert lookup(kind, server.address).record.key == "k1"  # off by default
+    assert server.pings == 0

@@ -1,10 +1,12 @@
-"""What the client's own HTTP/2 transport costs per Claim + Complete pair against grpcio on the
-same idemd (src/idemd/_h2.py says why it exists), sync and asyncio: the process's CPU time per
-pair (all threads: grpcio's own count) and the p50 wall time, the two transports interleaved in
-rounds so that load on the machine lands on both alike. CPU time is the tight bound, since a pair's
-wall time is mostly idemd's durable write, which moves with the build and the load; the p50 bound
-is generous. Fails when the lean transport costs more than CPU_RATIO_LIMIT of grpcio's CPU per
-pair (it measures about 0.55), or is slower at p50 than WALL_RATIO_LIMIT of grpcio."""
+"""What the SDK's opt-in transport on ``h2`` (``transport="h2"``, src/idemd/_h2.py) costs per
+Claim + Complete pair against the default, grpcio, on the same idemd, sync and asyncio: the
+process's CPU time per pair (all threads: grpcio's own count) and the p50 wall time, the two
+transports interleaved in rounds so that load on the machine lands on both alike. Issue 51 made
+grpcio the default because it costs less and passes the proxy matrix (tests/test_proxy_matrix.py)
+as the h2 transport does: h2 measured about 1.4x grpcio's CPU per pair sync and about 1.05x
+asyncio (pure-Python framing and HPACK). The test prints both and fails when h2 costs more than
+CPU_RATIO_LIMIT of grpcio's CPU per pair or WALL_RATIO_LIMIT of its p50: a per-call connection,
+a Nagle stall or a lost reuse of the pool would."""
 
 from __future__ import annotations
 
@@ -22,9 +24,9 @@ from conftest import CREDENTIALS, Server
 
 ROUNDS = 6
 PAIRS_PER_ROUND = 100
-CPU_RATIO_LIMIT = 0.85
-WALL_RATIO_LIMIT = 1.1
-TRANSPORTS = ("http2", "grpcio")
+CPU_RATIO_LIMIT = 1.8
+WALL_RATIO_LIMIT = 1.6
+TRANSPORTS = ("h2", "grpcio")
 ENDPOINT = "POST /v1/payments"
 PAYMENT = idemd.Request("POST", "/v1/payments/p1", b'{"amount":4200,"currency":"usd","customer":"cus_8812"}',
                         "application/json")
@@ -35,24 +37,24 @@ def _report(kind: str, cpu: Dict[str, float], walls: Dict[str, List[float]], cap
     pairs = ROUNDS * PAIRS_PER_ROUND
     per_pair = {t: cpu[t] / pairs * 1000 for t in TRANSPORTS}
     p50 = {t: sorted(walls[t])[len(walls[t]) // 2] * 1000 for t in TRANSPORTS}
-    cpu_ratio = per_pair["http2"] / per_pair["grpcio"]
-    wall_ratio = p50["http2"] / p50["grpcio"]
+    cpu_ratio = per_pair["h2"] / per_pair["grpcio"]
+    wall_ratio = p50["h2"] / p50["grpcio"]
     with capsys.disabled():
-        print(f"\nlatency: {kind} client per Claim+Complete pair: http2 CPU {per_pair['http2']:.3f} ms p50 "
-              f"{p50['http2']:.3f} ms; grpcio CPU {per_pair['grpcio']:.3f} ms p50 {p50['grpcio']:.3f} ms "
+        print(f"\nlatency: {kind} client per Claim+Complete pair: h2 CPU {per_pair['h2']:.3f} ms p50 "
+              f"{p50['h2']:.3f} ms; grpcio CPU {per_pair['grpcio']:.3f} ms p50 {p50['grpcio']:.3f} ms "
               f"(CPU ratio {cpu_ratio:.2f}, p50 ratio {wall_ratio:.2f})")
     return cpu_ratio, wall_ratio
 
 
 def _check(cpu_ratio: float, wall_ratio: float) -> None:
     assert cpu_ratio < CPU_RATIO_LIMIT, (
-        f"the http2 transport takes {cpu_ratio:.2f} of grpcio's CPU per pair (limit {CPU_RATIO_LIMIT})")
+        f"the h2 transport takes {cpu_ratio:.2f} of grpcio's CPU per pair (limit {CPU_RATIO_LIMIT})")
     assert wall_ratio < WALL_RATIO_LIMIT, (
-        f"the http2 transport's pair p50 is {wall_ratio:.2f} of grpcio's (limit {WALL_RATIO_LIMIT})")
+        f"the h2 transport's pair p50 is {wall_ratio:.2f} of grpcio's (limit {WALL_RATIO_LIMIT})")
 
 
 @pytest.mark.latency
-def test_sync_transport_costs_well_under_grpcio(server: Server, capsys: pytest.CaptureFixture) -> None:
+def test_sync_h2_transport_cost_against_grpcio(server: Server, capsys: pytest.CaptureFixture) -> None:
     clients = {t: server.client("alice", transport=t) for t in TRANSPORTS}
     prefix = secrets.token_hex(6)
     cpu = dict.fromkeys(TRANSPORTS, 0.0)
@@ -76,7 +78,7 @@ def test_sync_transport_costs_well_under_grpcio(server: Server, capsys: pytest.C
 
 
 @pytest.mark.latency
-def test_async_transport_costs_well_under_grpc_aio(server: Server, capsys: pytest.CaptureFixture) -> None:
+def test_async_h2_transport_cost_against_grpc_aio(server: Server, capsys: pytest.CaptureFixture) -> None:
     prefix = secrets.token_hex(6)
     cpu = dict.fromkeys(TRANSPORTS, 0.0)
     walls: Dict[str, List[float]] = {t: [] for t in TRANSPORTS}

@@ -1,29 +1,55 @@
-"""The clients' own unary gRPC transport: HTTP/2 written here, over the ssl and socket modules.
+"""The SDK's own unary gRPC transport, on python-hyper's ``h2`` (opt-in: ``transport="h2"``).
 
-Why not grpcio for these calls: every idemd RPC is unary, and grpcio spends ~0.3 ms per call of
-the process's time in its channel, completion queue and thread hand-offs (a Claim + Complete pair
-took ~1.4 ms sync and ~1.8 ms with grpc.aio against ~0.8 ms inside idemd). The middleware makes
-that pair on every fresh key, so it is what a request pays. The same bytes written and read by the
-calling thread itself (sync: a small pool of blocking connections, one call at a time on each; no
-thread hop) or by an asyncio Protocol (aio: one connection, calls multiplexed) cost a fraction of
-that. grpcio stays for everything else: ``Client.stub``/``channel``, a caller's own channel or
-channel options, targets this module does not dial (``unix:``, ``ipv4:``...), and
-``transport="grpcio"``.
+The default transport is grpcio (grpc-core's HTTP/2; grpc.aio for ``AsyncClient``), chosen in
+issue 51 by the proxy matrix (clients/conformance/proxy-matrix.md: nginx in front of idemd with
+TLS, a GOAWAY every 10 requests, 4 streams per connection, a 1 s idle timeout, 300 calls in
+flight) and the client CPU per Claim + Complete pair: both transports pass the matrix, and grpcio
+costs less (sync about 1.0 against 1.4 ms of CPU per pair, asyncio about the same, 1.2-1.4 ms;
+README.md, "Transports"). grpcio passes it only with one thing the SDK adds (the clients' ``_call``,
+``grpcio_not_taken``): grpc-core (1.85) fails the streams above a GOAWAY's last stream id with
+``UNAVAILABLE: Stream removed (GOAWAY received ...)`` instead of retrying them transparently, about
+a third of the raw calls of the ``goaway`` profile (also with ``grpc.enable_retries``); the SDK
+sends such a call again, as this transport moves it, without spending a retry of the executor.
+The HTTP/2 stack written here before issue 51 cost half of grpcio's CPU, but it parsed frames and
+HPACK by hand and broke behind a proxy (it ignored SETTINGS_MAX_CONCURRENT_STREAMS and turned a
+GOAWAY into errors); rebuilt on ``h2`` it passes the matrix, and spends what grpcio's C core saves
+in pure-Python framing and HPACK.
 
-What this keeps of gRPC over HTTP/2 (doc/PROTOCOL-HTTP2.md in grpc/grpc): length-prefixed
-messages, ``content-type: application/grpc``, ``te: trailers``, ``grpc-timeout`` from the
-deadline, the status from the trailers or a trailers-only response, the percent-encoded
-``grpc-message``, ``-bin`` metadata (the status details), and the status codes grpcio reports for
-HTTP errors, stream resets, GOAWAY and dropped connections. Of HTTP/2 (RFC 9113): the preface and
-SETTINGS both ways, PING acks, flow control both ways, HEADERS + CONTINUATION, padding, and HPACK
-decoding (RFC 7541, the ``hpack`` package: Huffman and the dynamic table); requests are encoded
-without the dynamic table, which the peer's table size then never concerns.
+No frame or HPACK byte is parsed here: ``h2.connection.H2Connection`` does the framing, HPACK (the
+``hpack`` package), flow control both ways, SETTINGS, PING, RST_STREAM and GOAWAY; this module adds
+gRPC's unary mapping (doc/PROTOCOL-HTTP2.md in grpc/grpc: length-prefixed messages, ``te:
+trailers``, ``grpc-timeout``, the status from the trailers or a trailers-only response, ``-bin``
+metadata, grpcio's status codes for HTTP errors and resets) and what a proxy in the path needs:
+
+* **The server's SETTINGS before any stream.** A connection opens streams only once the
+  server's SETTINGS arrived, never more at once than its SETTINGS_MAX_CONCURRENT_STREAMS: the
+  asyncio transport queues calls above it; the sync one runs one call per connection. Windows and
+  frame sizes are ``h2``'s.
+* **A call the server never took moves to a new connection**, without an error and without
+  spending a retry of the executor: a stream above a GOAWAY's last stream id, a stream reset
+  with REFUSED_STREAM, a request that could not be written because the connection had closed.
+  Each call moves at most ``MAX_MOVES`` times within its deadline. A call the server may have
+  taken (the connection dropped after the request was written) fails ``UNAVAILABLE``, as in
+  grpcio: the executor retries it with the same attempt id or lease token.
+* **HTTP CONNECT proxies** from ``grpc_proxy``, ``https_proxy`` or ``http_proxy`` (in that order;
+  ``no_grpc_proxy``/``no_proxy`` exempt hosts), as grpcio reads them.
+* **Keepalive PINGs**, off by default (as in grpcio): ``keepalive=(interval, timeout)`` seconds.
+  asyncio pings its connection every ``interval`` while calls are in flight; the sync transport
+  pings a pooled connection idle for ``interval`` before reusing it, and during a call that waits
+  longer than ``interval``. A PING unanswered within ``timeout`` drops the connection.
+
+``h2`` stops reading a connection at a GOAWAY (it moves the connection to CLOSED and refuses
+every later frame), though RFC 9113 6.8 lets the server finish the streams up to the GOAWAY's
+last stream id, and nginx does (``keepalive_requests``: the GOAWAY precedes the last answer).
+``_H2Connection`` keeps reading them; it opens nothing more on such a connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import collections
+import ipaddress
 import math
 import os
 import select
@@ -32,10 +58,16 @@ import ssl
 import struct
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
-from urllib.parse import unquote
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from urllib.parse import unquote, urlsplit
 
 import grpc
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
 import hpack
 
 from ._grpc_util import USER_AGENT, status_error
@@ -48,67 +80,51 @@ METHODS = {
     for m in pb.DESCRIPTOR.services_by_name["Idempotency"].methods
 }
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+#: The names ``transport=`` takes: grpcio and this module's ("http2" is the name this module's
+#: transport had before issue 51).
+TRANSPORTS = ("grpcio", "h2")
+ALIASES = {"http2": "h2"}
+#: What the clients use unless told otherwise (the module's doc says why).
+DEFAULT_TRANSPORT = "grpcio"
 
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
-END_STREAM = ACK = 0x1
-END_HEADERS = 0x4
-PADDED = 0x8
-PRIORITY_FLAG = 0x20
 
-SETTINGS_HEADER_TABLE_SIZE = 0x1
-SETTINGS_ENABLE_PUSH = 0x2
-SETTINGS_INITIAL_WINDOW_SIZE = 0x4
-SETTINGS_MAX_FRAME_SIZE = 0x5
-
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
-REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x7, 0x8, 0x9
-ENHANCE_YOUR_CALM, INADEQUATE_SECURITY = 0xB, 0xC
+def grpcio_not_taken(error: "grpc.RpcError") -> bool:
+    """Whether grpcio failed a call that the server never took, so that it may move to a new
+    connection without spending a retry: grpc-core fails the streams above a GOAWAY's last
+    stream id (and those it had not started) with the GOAWAY's status, "GOAWAY received", and a
+    stream refused with REFUSED_STREAM with "Stream refused"; a stream the server may have taken
+    ends otherwise (its status, "Socket closed", "Connection reset", a deadline)."""
+    code = error.code() if hasattr(error, "code") else None
+    if code != grpc.StatusCode.UNAVAILABLE:
+        return False
+    details = (error.details() if hasattr(error, "details") else "") or ""
+    return "GOAWAY received" in details or "Stream refused" in details
 
 #: grpcio's default receive limit, kept so that a response it would refuse is refused here too.
 MAX_RECEIVE_BYTES = 4 * 1024 * 1024
 #: Our flow-control window, per stream and for the connection: a large replayed body arrives in
-#: one round trip rather than one per 64 KiB (HTTP/2's default window). Half of it consumed is
-#: given back with a WINDOW_UPDATE.
+#: one round trip rather than one per 64 KiB (HTTP/2's default window).
 WINDOW_BYTES = 4 * 1024 * 1024
 DEFAULT_WINDOW = 65535
-MAX_WINDOW = 2**31 - 1
+#: How often one call may move to another connection (GOAWAY, REFUSED_STREAM, a closed
+#: connection before the request was written) before it fails UNAVAILABLE.
+MAX_MOVES = 8
+#: How long a new connection waits for the server's SETTINGS.
+SETTINGS_TIMEOUT = 10.0
 
-_frame_header = struct.Struct(">IBI")  # length << 8 | type, flags, stream id: packed as 9 bytes below
+REFUSED_STREAM, CANCEL, ENHANCE_YOUR_CALM, INADEQUATE_SECURITY = 0x7, 0x8, 0xB, 0xC
 _u32 = struct.Struct(">I")
 
-
-def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    n = len(payload)
-    return bytes((n >> 16 & 0xFF, n >> 8 & 0xFF, n & 0xFF, kind, flags)) + _u32.pack(stream_id) + payload
-
-
-def _hpack_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 128:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _hpack_str(data: bytes) -> bytes:
-    return _hpack_int(len(data), 7) + data
-
-
-def literal(name: bytes, value: bytes) -> bytes:
-    """A header field literal without indexing, new name, no Huffman (RFC 7541 6.2.2)."""
-    return b"\x00" + _hpack_str(name) + _hpack_str(value)
-
-
-def literal_indexed_name(index: int, value: bytes) -> bytes:
-    """A literal without indexing whose name is static table entry ``index``."""
-    return _hpack_int(index, 4) + _hpack_str(value)
-
+_CONFIG = h2.config.H2Configuration(
+    client_side=True,
+    header_encoding=None,  # bytes both ways; decoded below as grpcio does (latin-1)
+    # The request headers are this module's own, lower-case, with the credentials never indexed
+    # (Endpoint): validating and normalising them again cost ~20% of h2's time per call.
+    validate_outbound_headers=False,
+    normalize_outbound_headers=False,
+)
+#: Request headers HPACK must never index (RFC 7541 7.1.3), as h2's normalisation marks them.
+_SECRET_HEADERS = (b"authorization", b"proxy-authorization", b"cookie")
 
 def parse_target(target: str) -> Optional[Tuple[str, int]]:
     """(host, port) of a grpcio target this transport dials: ``host:port``, ``[v6]:port``,
@@ -227,350 +243,396 @@ def _status(fields: Sequence[Tuple[str, str]]) -> Optional[RpcError]:
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
-class _Stream:
+
+
+#: Test-only (tests/test_proxy_matrix.py): the behaviour before issue 51, to show that the proxy
+#: matrix catches it: streams opened before the server's SETTINGS and above its stream limit,
+#: and a call the server never took (GOAWAY, REFUSED_STREAM) failed UNAVAILABLE, not moved.
+_PRE_ISSUE_51 = False
+#: What this module's connections met, for the proxy matrix's report: GOAWAYs received, streams
+#: refused, calls moved to another connection.
+SEEN: Dict[str, int] = {"goaway": 0, "refused": 0, "moved": 0}
+
+
+class _H2Connection(h2.connection.H2Connection):
+    """``h2``'s connection, reading on after a GOAWAY (see the module's doc)."""
+
+    @property
+    def open_outbound_streams(self) -> int:
+        return 0 if _PRE_ISSUE_51 else super().open_outbound_streams
+
+    def _receive_goaway_frame(self, frame):  # type: ignore[no-untyped-def]
+        state = self.state_machine.state
+        frames, events = super()._receive_goaway_frame(frame)
+        if state != h2.connection.ConnectionState.CLOSED:
+            self.state_machine.state = state
+        return frames, events
+
+
+class _Call:
+    """One unary call; it may move from connection to connection until one takes it."""
+
     __slots__ = (
-        "id", "send_window", "pending", "headers", "block", "block_end", "chunks", "received",
-        "unacked", "done", "result", "error", "on_done", "future",
+        "path", "message", "stream_id", "pending", "headers", "trailers", "chunks", "received",
+        "done", "result", "error", "retry", "on_done", "future", "conn",
     )
 
-    def __init__(self, stream_id: int, send_window: int) -> None:
-        self.id = stream_id
-        self.send_window = send_window
-        self.pending = memoryview(b"")  # request DATA not yet sent for want of window
+    def __init__(self, path: bytes, message: bytes) -> None:
+        self.path = path
+        self.message = b"\x00" + _u32.pack(len(message)) + message
+        self.on_done: Optional[Callable[["_Call"], None]] = None
+        self.future: Optional["asyncio.Future[None]"] = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.stream_id = 0
+        self.pending = memoryview(b"")
         self.headers: Optional[List[Tuple[str, str]]] = None
-        self.block: Optional[bytearray] = None  # a header block awaiting CONTINUATION
-        self.block_end = False  # END_STREAM of the HEADERS that began it
+        self.trailers: Optional[List[Tuple[str, str]]] = None
         self.chunks: List[bytes] = []
         self.received = 0
-        self.unacked = 0  # DATA bytes not yet given back with a WINDOW_UPDATE
         self.done = False
         self.result: Optional[bytes] = None
         self.error: Optional[RpcError] = None
-        self.on_done: Optional[Callable[["_Stream"], None]] = None
-        self.future: Optional["asyncio.Future[None]"] = None
+        self.retry: Optional[str] = None  # why the call moves to another connection
+        self.conn: Optional["Conn"] = None
 
 
-class ConnectionError_(Exception):
-    """The connection broke the protocol: every call on it ends UNAVAILABLE/INTERNAL."""
+def _fields(headers: Sequence[Tuple[bytes, bytes]]) -> List[Tuple[str, str]]:
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
 
 
-class H2Connection:
-    """HTTP/2 framing and state of one client connection, without I/O: ``feed`` takes what the
-    socket read, ``write`` (set by the owner) sends bytes. Not thread-safe: the sync transport
-    lends a connection to one thread at a time; the asyncio one runs it on its loop."""
+class Conn:
+    """One HTTP/2 client connection without I/O: ``h2`` plus the calls on it. ``feed`` takes
+    what the socket read; ``write`` (the owner's) sends bytes. Not thread-safe: the sync
+    transport lends a connection to one thread at a time; the asyncio one runs it on its loop."""
 
-    def __init__(self, write: Callable[[bytes], None], header_prefix: Callable[[bytes], bytes]) -> None:
+    def __init__(self, endpoint: "Endpoint", write: Callable[[bytes], None]) -> None:
+        self.endpoint = endpoint
         self.write = write
-        self._header_prefix = header_prefix
-        self.buffer = bytearray()
-        self.streams: Dict[int, _Stream] = {}
-        self.next_id = 1
-        self.send_window = DEFAULT_WINDOW
-        self.peer_initial_window = DEFAULT_WINDOW
-        self.peer_max_frame = 16384
-        self.unacked = 0  # connection-level DATA bytes not yet given back
-        self.decoder = hpack.Decoder()
-        self._decoded: Dict[bytes, List[Tuple[str, str]]] = {}
-        self.goaway: Optional[int] = None  # the peer's last stream id once it sent GOAWAY
+        self.h2 = _H2Connection(config=_CONFIG)
+        self.h2.local_settings = h2.settings.Settings(client=True, initial_values={
+            h2.settings.SettingCodes.ENABLE_PUSH: 0,
+            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: WINDOW_BYTES,
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 0,
+            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: self.h2.DEFAULT_MAX_HEADER_LIST_SIZE,
+        })
+        self.calls: Dict[int, _Call] = {}
+        self.settled = False  # the server's first SETTINGS arrived
+        self.goaway: Optional[int] = None  # the last stream id of the server's GOAWAY
         self.error: Optional[RpcError] = None  # set once the connection is unusable
-        self._continuation: Optional[_Stream] = None
-        self._discard_block: Optional[bytearray] = None  # a block for a stream no longer here
+        self.ping_sent: Optional[float] = None  # when the unanswered keepalive PING went out
+        self.on_change: Optional[Callable[[], None]] = None  # a slot freed, settings, the end
 
     def preface(self) -> bytes:
-        settings = struct.pack(">HIHI", SETTINGS_ENABLE_PUSH, 0, SETTINGS_INITIAL_WINDOW_SIZE, WINDOW_BYTES)
-        return (
-            PREFACE
-            + frame(SETTINGS, 0, 0, settings)
-            + frame(WINDOW_UPDATE, 0, 0, _u32.pack(WINDOW_BYTES - DEFAULT_WINDOW))
-        )
+        self.h2.initiate_connection()
+        self.h2.increment_flow_control_window(WINDOW_BYTES - DEFAULT_WINDOW)
+        return self.h2.data_to_send()
 
     @property
     def usable(self) -> bool:
-        return self.error is None and self.goaway is None and self.next_id < 2**31 - 1
+        return self.error is None and self.goaway is None and self.h2.highest_outbound_stream_id < 2**31 - 3
+
+    @property
+    def idle(self) -> bool:
+        return not self.calls
+
+    def can_start(self) -> bool:
+        """The connection may open a stream now: the server's SETTINGS are in, its stream limit
+        not reached."""
+        if _PRE_ISSUE_51:
+            return self.usable
+        return (self.settled and self.usable
+                and self.h2.open_outbound_streams < self.h2.remote_settings.max_concurrent_streams)
 
     # -- sending -------------------------------------------------------------
 
-    def start(self, path: bytes, message: bytes, timeout: Optional[float]) -> _Stream:
-        """Opens a stream and writes the request (what the windows allow of it)."""
-        stream = _Stream(self.next_id, self.peer_initial_window)
-        self.next_id += 2
-        self.streams[stream.id] = stream
-        block = self._header_prefix(path)
+    def start(self, call: _Call, timeout: Optional[float]) -> None:
+        """Opens a stream for ``call`` and writes its request (what the windows allow). A write
+        that fails leaves the call marked to move: the server cannot have taken it."""
+        h2c = self.h2
+        stream_id = h2c.get_next_available_stream_id()
+        call.stream_id = stream_id
+        call.conn = self
+        self.calls[stream_id] = call
+        headers = self.endpoint.headers(call.path)
         if timeout is not None:
-            block += b"\x00\x0cgrpc-timeout" + _hpack_str(grpc_timeout(timeout))
-        out = self._header_frames(stream.id, block)
-        body = bytes((0,)) + _u32.pack(len(message)) + message
-        stream.pending = memoryview(body)
-        out += self._data_frames(stream)
-        self.write(out)
-        return stream
+            headers = headers + [(b"grpc-timeout", grpc_timeout(timeout))]
+        h2c.send_headers(stream_id, headers)
+        call.pending = memoryview(call.message)
+        self._send_body(call)
+        try:
+            self.write(h2c.data_to_send())
+        except OSError as e:
+            self.fail(unavailable(f"Connection lost: {e}"), retry=True)
 
-    def _header_frames(self, stream_id: int, block: bytes) -> bytes:
-        limit = self.peer_max_frame
-        if len(block) <= limit:
-            return frame(HEADERS, END_HEADERS, stream_id, block)
-        parts = [block[i:i + limit] for i in range(0, len(block), limit)]
-        out = frame(HEADERS, 0, stream_id, parts[0])
-        for i, part in enumerate(parts[1:], 1):
-            out += frame(CONTINUATION, END_HEADERS if i == len(parts) - 1 else 0, stream_id, part)
-        return out
-
-    def _data_frames(self, stream: _Stream) -> bytes:
-        """DATA frames for as much of the stream's pending body as both windows allow."""
-        out = b""
-        pending = stream.pending
+    def _send_body(self, call: _Call) -> None:
+        h2c = self.h2
+        pending = call.pending
         while pending:
-            n = min(len(pending), self.send_window, stream.send_window, self.peer_max_frame)
+            n = min(len(pending), h2c.local_flow_control_window(call.stream_id), h2c.max_outbound_frame_size)
             if n <= 0:
                 break
-            last = n == len(pending)
-            out += frame(DATA, END_STREAM if last else 0, stream.id, pending[:n].tobytes())
+            h2c.send_data(call.stream_id, pending[:n].tobytes(), end_stream=n == len(pending))
             pending = pending[n:]
-            self.send_window -= n
-            stream.send_window -= n
-        stream.pending = pending
-        return out
+        call.pending = pending
 
-    def _flush(self) -> None:
-        out = b""
-        for stream in list(self.streams.values()):
-            if stream.pending and not stream.done:
-                out += self._data_frames(stream)
-        if out:
-            self.write(out)
+    def _flush_bodies(self) -> None:
+        for call in list(self.calls.values()):
+            if call.pending and not call.done:
+                try:
+                    self._send_body(call)
+                except h2.exceptions.StreamClosedError:
+                    pass
 
-    def cancel(self, stream: _Stream) -> None:
+    def cancel(self, call: _Call) -> None:
         """Tells the server to stop a call that ends here (deadline, cancellation)."""
-        if self.streams.pop(stream.id, None) is not None and self.error is None:
+        if self.calls.pop(call.stream_id, None) is None:
+            return
+        self._reset(call.stream_id, CANCEL)
+        self._send()
+        self._changed()
+
+    def _reset(self, stream_id: int, code: int) -> None:
+        try:
+            self.h2.reset_stream(stream_id, code)
+        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            pass
+
+    def ping(self) -> None:
+        """A keepalive PING; ``ping_sent`` until its ACK."""
+        if self.ping_sent is None and self.error is None:
+            self.ping_sent = time.monotonic()
+            self.h2.ping(b"idemdkap")
+            self._send()
+
+    def _send(self) -> None:
+        data = self.h2.data_to_send()
+        if data and self.error is None:
             try:
-                self.write(frame(RST_STREAM, 0, stream.id, _u32.pack(CANCEL)))
-            except OSError:
-                pass
+                self.write(data)
+            except OSError as e:
+                self.fail(unavailable(f"Connection lost: {e}"))
 
     # -- receiving -----------------------------------------------------------
 
     def feed(self, data: bytes) -> None:
-        buf = self.buffer
-        buf += data
-        offset = 0
-        out: List[bytes] = []
         try:
-            while len(buf) - offset >= 9:
-                length = buf[offset] << 16 | buf[offset + 1] << 8 | buf[offset + 2]
-                if len(buf) - offset < 9 + length:
-                    break
-                kind, flags = buf[offset + 3], buf[offset + 4]
-                stream_id = _u32.unpack_from(buf, offset + 5)[0] & 0x7FFFFFFF
-                payload = bytes(buf[offset + 9:offset + 9 + length])
-                offset += 9 + length
-                self._frame(kind, flags, stream_id, payload, out)
-        except ConnectionError_ as e:
-            self.fail(RpcError(grpc.StatusCode.INTERNAL, str(e)))
-            out.append(frame(GOAWAY, 0, 0, _u32.pack(0) + _u32.pack(PROTOCOL_ERROR)))
-        finally:
-            del buf[:offset]
-            if out:
-                try:
-                    self.write(b"".join(out))
-                except OSError:
-                    pass
-
-    def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes, out: List[bytes]) -> None:
-        if self._continuation is not None or self._discard_block is not None:
-            if kind != CONTINUATION:
-                raise ConnectionError_("expected a CONTINUATION frame")
-        if kind == DATA:
-            self._data(flags, stream_id, payload, out)
-        elif kind == HEADERS:
-            if flags & PADDED:
-                payload = _unpad(payload)
-            if flags & PRIORITY_FLAG:
-                payload = payload[5:]
-            stream = self.streams.get(stream_id)
-            self._begin_block(stream, payload, bool(flags & END_STREAM), bool(flags & END_HEADERS))
-        elif kind == CONTINUATION:
-            stream = self._continuation
-            if stream is None and self._discard_block is None:
-                raise ConnectionError_("unexpected CONTINUATION frame")
-            target = stream.block if stream is not None else self._discard_block
-            target += payload
-            if flags & END_HEADERS:
-                self._continuation = None
-                block, self._discard_block = bytes(target), None
-                self._end_block(stream, block, stream.block_end if stream is not None else False)
-        elif kind == SETTINGS:
-            if not flags & ACK:
-                self._settings(payload)
-                out.append(frame(SETTINGS, ACK, 0))
-        elif kind == PING:
-            if not flags & ACK:
-                out.append(frame(PING, ACK, 0, payload))
-        elif kind == WINDOW_UPDATE:
-            increment = _u32.unpack_from(payload)[0] & 0x7FFFFFFF
-            if stream_id == 0:
-                self.send_window += increment
-                if self.send_window > MAX_WINDOW:
-                    raise ConnectionError_("connection flow-control window overflow")
-            else:
-                stream = self.streams.get(stream_id)
-                if stream is not None:
-                    stream.send_window += increment
-            self._flush()
-        elif kind == RST_STREAM:
-            stream = self.streams.get(stream_id)
-            if stream is not None:
-                code = _u32.unpack_from(payload)[0]
-                # A reset after a status arrived changes nothing; before it, the call ends.
-                self._finish(stream, error=_reset_error(code))
-        elif kind == GOAWAY:
-            last = _u32.unpack_from(payload)[0] & 0x7FFFFFFF
-            self.goaway = last
-            # Streams above the last one the server processed never ran: UNAVAILABLE, which the
-            # executor retries (on a new connection).
-            for stream in [s for s in self.streams.values() if s.id > last]:
-                self._finish(stream, error=unavailable("Received a GOAWAY from the server"))
-        elif kind == PUSH_PROMISE:
-            raise ConnectionError_("PUSH_PROMISE though push is disabled")
-        # PRIORITY and unknown frame types are ignored (RFC 9113 4.1, 5.5).
-
-    def _settings(self, payload: bytes) -> None:
-        for i in range(0, len(payload) - len(payload) % 6, 6):
-            ident, value = struct.unpack_from(">HI", payload, i)
-            if ident == SETTINGS_INITIAL_WINDOW_SIZE:
-                if value > MAX_WINDOW:
-                    raise ConnectionError_("SETTINGS_INITIAL_WINDOW_SIZE over 2^31-1")
-                delta = value - self.peer_initial_window
-                self.peer_initial_window = value
-                for stream in self.streams.values():
-                    stream.send_window += delta
-            elif ident == SETTINGS_MAX_FRAME_SIZE:
-                if not 16384 <= value <= 16777215:
-                    raise ConnectionError_("SETTINGS_MAX_FRAME_SIZE out of range")
-                self.peer_max_frame = value
-        self._flush()
-
-    def _data(self, flags: int, stream_id: int, payload: bytes, out: List[bytes]) -> None:
-        # Flow control counts the whole payload, padding included, of every DATA frame, also one
-        # for a stream this side has already given up on.
-        size = len(payload)
-        self.unacked += size
-        if self.unacked >= WINDOW_BYTES // 2:
-            out.append(frame(WINDOW_UPDATE, 0, 0, _u32.pack(self.unacked)))
-            self.unacked = 0
-        stream = self.streams.get(stream_id)
-        if stream is None:
+            events = self.h2.receive_data(data)
+        except h2.exceptions.ProtocolError as e:
+            self._send()  # h2's GOAWAY
+            self.fail(RpcError(grpc.StatusCode.INTERNAL, f"HTTP/2 protocol error: {e}"))
             return
-        if flags & PADDED:
-            payload = _unpad(payload)
-        stream.received += len(payload)
-        if stream.received > MAX_RECEIVE_BYTES + 5:
-            self._finish(stream, error=RpcError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"Received message larger than max ({stream.received - 5} vs. {MAX_RECEIVE_BYTES})"))
-            out.append(frame(RST_STREAM, 0, stream_id, _u32.pack(CANCEL)))
-            return
-        stream.chunks.append(payload)
-        if flags & END_STREAM:
-            # Ended without trailers: grpcio reports that as a missing status.
-            self._end(stream, [])
-            return
-        stream.unacked += size
-        if stream.unacked >= WINDOW_BYTES // 2:
-            out.append(frame(WINDOW_UPDATE, 0, stream_id, _u32.pack(stream.unacked)))
-            stream.unacked = 0
+        changed = False
+        for event in events:
+            kind = type(event)
+            if kind is h2.events.ResponseReceived:
+                call = self.calls.get(event.stream_id)
+                if call is not None:
+                    call.headers = _fields(event.headers)
+                    if event.stream_ended is not None:
+                        call.trailers = call.headers  # trailers-only
+            elif kind is h2.events.DataReceived:
+                if event.flow_controlled_length:
+                    self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                call = self.calls.get(event.stream_id)
+                if call is not None:
+                    call.received += len(event.data)
+                    if call.received > MAX_RECEIVE_BYTES + 5:
+                        self._finish(call, error=RpcError(
+                            grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"Received message larger than max ({call.received - 5} vs. {MAX_RECEIVE_BYTES})"))
+                        self._reset(event.stream_id, CANCEL)
+                    else:
+                        call.chunks.append(event.data)
+            elif kind is h2.events.TrailersReceived:
+                call = self.calls.get(event.stream_id)
+                if call is not None:
+                    call.trailers = _fields(event.headers)
+            elif kind is h2.events.StreamEnded:
+                call = self.calls.get(event.stream_id)
+                if call is not None:
+                    self._end(call, call.trailers or [])
+                changed = True
+            elif kind is h2.events.StreamReset:
+                call = self.calls.get(event.stream_id)
+                if call is not None:
+                    if event.error_code == REFUSED_STREAM:
+                        SEEN["refused"] += 1
+                        # The server did not process it (RFC 9113 8.7): another try is safe.
+                        self._finish(call, retry="Stream refused by server")
+                    else:
+                        self._finish(call, error=_reset_error(event.error_code))
+                changed = True
+            elif kind is h2.events.ConnectionTerminated:
+                SEEN["goaway"] += 1
+                self.goaway = event.last_stream_id
+                # Streams above the last one the server processed never ran: they move.
+                for call in [c for c in self.calls.values() if c.stream_id > event.last_stream_id]:
+                    self._finish(call, retry="Received a GOAWAY from the server")
+                changed = True
+            elif kind is h2.events.RemoteSettingsChanged:
+                self.settled = True
+                self._flush_bodies()
+                changed = True
+            elif kind is h2.events.WindowUpdated:
+                self._flush_bodies()
+            elif kind is h2.events.PingAckReceived:
+                self.ping_sent = None
+        self._send()
+        if changed:
+            self._changed()
 
-    def _begin_block(self, stream: Optional[_Stream], payload: bytes, end_stream: bool, end_headers: bool) -> None:
-        if end_headers:
-            self._end_block(stream, payload, end_stream)
-        elif stream is not None:
-            stream.block = bytearray(payload)
-            stream.block_end = end_stream
-            self._continuation = stream
-        else:
-            self._discard_block = bytearray(payload)
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
-    def _end_block(self, stream: Optional[_Stream], block: bytes, end_stream: bool) -> None:
-        fields = self._decoded.get(block)
-        if fields is None:
-            # Every block is decoded, a stream's or not: it may change the dynamic table.
-            try:
-                fields = self.decoder.decode(block)
-            except hpack.HPACKError as e:
-                raise ConnectionError_(f"HPACK decoding failed: {e}") from e
-            if block and min(block) >= 0x80:
-                # Only one-byte indexed fields: they leave the table as it is, and mean the same
-                # until a block that may change it. idemd's answers are such blocks from the
-                # second call on (the same 3 + 1 bytes); decoding them cost ~70 us a call.
-                self._decoded[block] = fields
-            else:
-                self._decoded.clear()
-        if stream is None:
-            return
-        stream.block = None
-        if stream.headers is None:
-            stream.headers = fields
-            if end_stream:
-                self._end(stream, fields)  # trailers-only
-        else:
-            self._end(stream, fields)  # trailers (END_STREAM or not, nothing may follow them)
-
-    def _end(self, stream: _Stream, trailers: List[Tuple[str, str]]) -> None:
+    def _end(self, call: _Call, trailers: List[Tuple[str, str]]) -> None:
         """The response is complete: its status, else its one message."""
-        headers = stream.headers or []
+        headers = call.headers or []
         http_status = next((v for k, v in headers if k == ":status"), None)
-        if http_status != "200":
-            has_status = any(k == "grpc-status" for k, _ in trailers)
-            if not has_status:
-                try:
-                    self._finish(stream, error=_http_status_error(int(http_status or 0)))
-                except ValueError:
-                    self._finish(stream, error=_http_status_error(0))
-                return
+        if http_status != "200" and not any(k == "grpc-status" for k, _ in trailers):
+            try:
+                self._finish(call, error=_http_status_error(int(http_status or 0)))
+            except ValueError:
+                self._finish(call, error=_http_status_error(0))
+            return
         error = _status(trailers)
         if error is not None:
-            self._finish(stream, error=error)
+            self._finish(call, error=error)
             return
-        data = stream.chunks[0] if len(stream.chunks) == 1 else b"".join(stream.chunks)
+        data = call.chunks[0] if len(call.chunks) == 1 else b"".join(call.chunks)
         if not data:
-            self._finish(stream, error=RpcError(grpc.StatusCode.INTERNAL, "No message received"))
+            self._finish(call, error=RpcError(grpc.StatusCode.INTERNAL, "No message received"))
         elif len(data) < 5 or len(data) != 5 + _u32.unpack_from(data, 1)[0]:
-            self._finish(stream, error=RpcError(grpc.StatusCode.INTERNAL, "Malformed response message framing"))
+            self._finish(call, error=RpcError(grpc.StatusCode.INTERNAL, "Malformed response message framing"))
         elif data[0] != 0:
             # No grpc-accept-encoding is sent, so a compressed message breaks the protocol.
-            self._finish(stream, error=RpcError(grpc.StatusCode.INTERNAL, "Received a compressed message"))
+            self._finish(call, error=RpcError(grpc.StatusCode.INTERNAL, "Received a compressed message"))
         else:
-            self._finish(stream, result=data[5:])
+            self._finish(call, result=data[5:])
 
-    def _finish(self, stream: _Stream, *, result: Optional[bytes] = None, error: Optional[RpcError] = None) -> None:
-        if stream.done:
+    def _finish(
+        self, call: _Call, *, result: Optional[bytes] = None, error: Optional[RpcError] = None,
+        retry: Optional[str] = None,
+    ) -> None:
+        if call.done:
             return
-        stream.done = True
-        stream.result = result
-        stream.error = error
-        stream.chunks = []
-        self.streams.pop(stream.id, None)
-        if stream.on_done is not None:
-            stream.on_done(stream)
+        if retry is not None and _PRE_ISSUE_51:
+            error, retry = unavailable(retry), None
+        call.done = True
+        call.result = result
+        call.error = error
+        call.retry = retry
+        call.chunks = []
+        if self.calls.pop(call.stream_id, None) is not None and call.pending and self.error is None:
+            self._reset(call.stream_id, CANCEL)  # answered before its request was all sent
+        if call.on_done is not None:
+            call.on_done(call)
 
-    def fail(self, error: RpcError) -> None:
-        """The connection is gone: every call on it ends with ``error``."""
+    def fail(self, error: RpcError, retry: bool = False) -> None:
+        """The connection is gone: every call on it ends with ``error``; with ``retry`` (the
+        requests could not be written) they move instead."""
         if self.error is None:
             self.error = error
-        for stream in list(self.streams.values()):
-            self._finish(stream, error=error)
+        for call in list(self.calls.values()):
+            if retry:
+                self._finish(call, retry=error.message)
+            else:
+                self._finish(call, error=error)
+        self._changed()
 
 
-def _unpad(payload: bytes) -> bytes:
-    if not payload:
-        raise ConnectionError_("padded frame without a pad length")
-    pad = payload[0]
-    if pad >= len(payload):
-        raise ConnectionError_("padding longer than the frame")
-    return payload[1:len(payload) - pad]
+# -- where and how to connect ------------------------------------------------------------------
+
+
+class Proxy:
+    """An HTTP CONNECT proxy: ``host:port`` and the Proxy-Authorization of its URL's user info."""
+
+    def __init__(self, host: str, port: int, authorization: Optional[str]) -> None:
+        self.host = host
+        self.port = port
+        self.authorization = authorization
+
+    def request(self, authority: str) -> bytes:
+        lines = [f"CONNECT {authority} HTTP/1.1", f"Host: {authority}", f"User-Agent: {USER_AGENT}"]
+        if self.authorization:
+            lines.append(f"Proxy-Authorization: {self.authorization}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    @staticmethod
+    def check_reply(head: bytes) -> None:
+        status_line = head.split(b"\r\n", 1)[0].decode("latin-1", "replace")
+        parts = status_line.split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].startswith("2"):
+            raise OSError(f"the proxy refused CONNECT: {status_line!r}")
+
+
+def _env(name: str) -> Optional[str]:
+    value = os.environ.get(name)
+    if value is None:
+        value = os.environ.get(name.upper())
+    return value or None
+
+
+def _exempt(host: str, patterns: str) -> bool:
+    """``host`` matches an entry of a no_proxy list: ``*``, a name or a domain suffix
+    (``.example.com`` or ``example.com``), an IP address or a CIDR block."""
+    host = host.strip("[]").lower()
+    try:
+        address: Optional[object] = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    for entry in patterns.split(","):
+        entry = entry.strip().lower()
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        if address is not None:
+            try:
+                if address in ipaddress.ip_network(entry.strip("[]"), strict=False):  # type: ignore[operator]
+                    return True
+            except ValueError:
+                pass
+            continue
+        entry = entry.lstrip(".")
+        if host == entry or host.endswith("." + entry):
+            return True
+    return False
+
+
+def proxy_for(host: str) -> Optional[Proxy]:
+    """The HTTP CONNECT proxy grpcio would use for ``host``: ``grpc_proxy``, else
+    ``https_proxy``, else ``http_proxy`` (an ``http://[user:password@]host[:port]`` URL),
+    unless ``no_grpc_proxy`` or ``no_proxy`` exempt the host."""
+    url = _env("grpc_proxy") or _env("https_proxy") or _env("http_proxy")
+    if url is None:
+        return None
+    exempt = _env("no_grpc_proxy") or _env("no_proxy")
+    if exempt and _exempt(host, exempt):
+        return None
+    if "://" not in url:
+        url = "http://" + url
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"proxy URL {url!r}: only http:// CONNECT proxies are supported (as in grpcio)")
+    authorization = None
+    if parts.username is not None:
+        credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+        authorization = "Basic " + base64.b64encode(credentials.encode("utf-8")).decode("ascii")
+    return Proxy(parts.hostname, parts.port or 80, authorization)
+
+
+def _header(name: bytes, value: bytes) -> Tuple[bytes, bytes]:
+    if name in _SECRET_HEADERS:
+        return hpack.NeverIndexedHeaderTuple(name, value)
+    return (name, value)
 
 
 class Endpoint:
-    """What every connection of one client shares: address, TLS, the constant request headers."""
+    """What every connection of one client shares: address, proxy, TLS, the request headers,
+    keepalive."""
 
     def __init__(
         self,
@@ -578,29 +640,46 @@ class Endpoint:
         port: int,
         metadata: Sequence[Tuple[str, str]],
         tls: Optional[ssl.SSLContext],
+        keepalive: Optional[Tuple[float, float]] = None,
     ) -> None:
         self.host = host
         self.port = port
         self.tls = tls
-        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.server_hostname = host
-        # The constant part of every request's header block, after :path (which differs per
-        # method): literals without indexing, so the peer's HPACK table never holds them.
-        self._tail = (
-            (b"\x87" if tls else b"\x86")  # :scheme https / http (static table)
-            + literal_indexed_name(1, authority.encode("ascii"))  # :authority
-            + literal_indexed_name(31, b"application/grpc")  # content-type
-            + literal(b"te", b"trailers")
-            + literal_indexed_name(58, USER_AGENT.encode("ascii"))  # user-agent
-            + b"".join(literal(k.lower().encode("ascii"), v.encode("latin-1")) for k, v in metadata)
-        )
-        self._blocks: Dict[bytes, bytes] = {}
+        self.proxy = proxy_for(host)
+        self.keepalive = keepalive
+        self._common = [
+            (b":scheme", b"https" if tls else b"http"),
+            (b":authority", self.authority.encode("ascii")),
+            (b"content-type", b"application/grpc"),
+            (b"te", b"trailers"),
+            (b"user-agent", USER_AGENT.encode("ascii")),
+            *(_header(k.lower().encode("ascii"), v.encode("latin-1")) for k, v in metadata),
+        ]
+        self._headers: Dict[bytes, List[Tuple[bytes, bytes]]] = {}
 
-    def header_prefix(self, path: bytes) -> bytes:
-        block = self._blocks.get(path)
-        if block is None:
-            block = self._blocks[path] = b"\x83" + literal_indexed_name(4, path) + self._tail  # :method POST, :path
-        return block
+    def headers(self, path: bytes) -> List[Tuple[bytes, bytes]]:
+        found = self._headers.get(path)
+        if found is None:
+            found = self._headers[path] = [(b":method", b"POST"), (b":path", path), *self._common]
+        return found
+
+    def describe(self) -> str:
+        via = f" through the proxy {self.proxy.host}:{self.proxy.port}" if self.proxy else ""
+        return f"{self.host}:{self.port}{via}"
+
+
+def _keepalive(value: Optional[object]) -> Optional[Tuple[float, float]]:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        interval, timeout = float(value), 20.0
+    else:
+        interval, timeout = (float(v) for v in value)  # type: ignore[union-attr]
+    if interval <= 0 or timeout <= 0:
+        raise ValueError("keepalive takes (interval, timeout) in seconds, both above 0")
+    return interval, timeout
 
 
 def endpoint(
@@ -613,12 +692,15 @@ def endpoint(
     root_certificates: Optional[bytes],
     cert_file: Optional[str],
     key_file: Optional[str],
+    keepalive: Optional[object] = None,
 ) -> Optional[Endpoint]:
-    """Where the lean transport connects, or None when grpcio makes the calls: asked for
-    (``transport="grpcio"``), a channel or channel options of the caller's (they configure
-    grpcio), or a target it does not dial."""
-    if transport not in ("http2", "grpcio"):
-        raise ValueError(f'transport must be "http2" or "grpcio", not {transport!r}')
+    """Where this module's transport connects, or None when grpcio makes the calls: the
+    default, a channel or channel options of the caller's (they configure grpcio), or a target
+    this module does not dial."""
+    transport = ALIASES.get(transport, transport)
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {', '.join(map(repr, TRANSPORTS))}, not {transport!r}")
+    alive = _keepalive(keepalive)
     address = parse_target(target)
     if transport == "grpcio" or custom_channel or address is None:
         return None
@@ -631,7 +713,15 @@ def endpoint(
         if (cert_file is None) != (key_file is None):
             raise ValueError("cert_file and key_file go together (client certificate)")
         tls = tls_context(roots, cert_file, key_file)
-    return Endpoint(address[0], address[1], metadata, tls)
+    return Endpoint(address[0], address[1], metadata, tls, alive)
+
+
+def grpcio_keepalive_options(keepalive: Optional[object]) -> List[Tuple[str, object]]:
+    """grpcio's channel arguments for ``keepalive=(interval, timeout)``."""
+    alive = _keepalive(keepalive)
+    if alive is None:
+        return []
+    return [("grpc.keepalive_time_ms", int(alive[0] * 1000)), ("grpc.keepalive_timeout_ms", int(alive[1] * 1000))]
 
 
 def tls_context(
@@ -650,23 +740,64 @@ def tls_context(
     return context
 
 
-# -- sync -------------------------------------------------------------------
+def _read_head(recv: Callable[[int], bytes]) -> bytes:
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = recv(1)  # byte by byte: nothing of the tunnel after the reply may be consumed
+        if not chunk:
+            raise OSError("the proxy closed the connection during CONNECT")
+        head += chunk
+        if len(head) > 16384:
+            raise OSError("the proxy's CONNECT reply is too long")
+    return head
+
+
+# -- sync -------------------------------------------------------------------------------------
+
+
+def _open_socket(endpoint: Endpoint, timeout: Optional[float]) -> socket.socket:
+    proxy = endpoint.proxy
+    if proxy is None:
+        sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout)
+    else:
+        sock = socket.create_connection((proxy.host, proxy.port), timeout=timeout)
+        try:
+            sock.sendall(proxy.request(endpoint.authority))
+            Proxy.check_reply(_read_head(sock.recv))
+        except BaseException:
+            sock.close()
+            raise
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if endpoint.tls is not None:
+            sock = endpoint.tls.wrap_socket(sock, server_hostname=endpoint.server_hostname)
+            if sock.selected_alpn_protocol() != "h2":
+                raise OSError("the server did not agree to HTTP/2 (ALPN h2)")
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class _SyncConnection:
-    def __init__(self, endpoint: Endpoint, timeout: Optional[float]) -> None:
-        self.sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout)
+    def __init__(self, endpoint: Endpoint, deadline: Optional[float]) -> None:
+        self.sock = _open_socket(endpoint, None if deadline is None else max(0.001, deadline - time.monotonic()))
+        self.keepalive = endpoint.keepalive
+        self.heard_at = time.monotonic()
         try:
-            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if endpoint.tls is not None:
-                self.sock = endpoint.tls.wrap_socket(self.sock, server_hostname=endpoint.server_hostname)
-                if self.sock.selected_alpn_protocol() != "h2":
-                    raise OSError("the server did not agree to HTTP/2 (ALPN h2)")
-            self.h2 = H2Connection(self.sock.sendall, endpoint.header_prefix)
-            self.sock.sendall(self.h2.preface())
+            self.conn = Conn(endpoint, self.sock.sendall)
+            self.sock.sendall(self.conn.preface())
+            # The server's SETTINGS (its limits) come before the first stream.
+            settled_by = time.monotonic() + SETTINGS_TIMEOUT
+            if deadline is not None:
+                settled_by = min(settled_by, deadline)
+            while not self.conn.settled and not _PRE_ISSUE_51:
+                if not self._read(settled_by):
+                    raise OSError(self.conn.error.message if self.conn.error else "no SETTINGS from the server")
         except BaseException:
             self.sock.close()
             raise
+        self.used_at = time.monotonic()
 
     def close(self) -> None:
         try:
@@ -674,64 +805,92 @@ class _SyncConnection:
         except OSError:
             pass
 
+    def _read(self, until: Optional[float]) -> bool:
+        """Reads once (up to ``until``); False when the connection ended or the time passed."""
+        conn = self.conn
+        remaining = None if until is None else until - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return False
+        self.sock.settimeout(remaining)
+        try:
+            data = self.sock.recv(262144)
+        except socket.timeout:
+            return False
+        except OSError as e:
+            conn.fail(unavailable(f"Connection lost: {e}"))
+            return False
+        if not data:
+            conn.fail(unavailable("Socket closed"))
+            return False
+        self.heard_at = time.monotonic()
+        conn.feed(data)
+        return conn.error is None
+
     def poll(self) -> bool:
         """Reads what arrived while the connection was idle (SETTINGS, PING, GOAWAY, the close);
-        True when it can take a call."""
-        h2 = self.h2
+        with keepalive, pings it when it was idle that long. True when it can take a call."""
+        conn = self.conn
         try:
-            while h2.usable and select.select([self.sock], [], [], 0)[0]:
+            while conn.usable and select.select([self.sock], [], [], 0)[0]:
                 self.sock.settimeout(0)
                 data = self.sock.recv(65536)
                 if not data:
-                    h2.fail(unavailable("Socket closed"))
+                    conn.fail(unavailable("Socket closed"))
                     break
-                h2.feed(data)
+                conn.feed(data)
         except (BlockingIOError, ssl.SSLWantReadError):
             pass
         except OSError as e:
-            h2.fail(unavailable(f"Connection lost: {e}"))
-        return h2.usable
+            conn.fail(unavailable(f"Connection lost: {e}"))
+        if conn.usable and self.keepalive is not None and time.monotonic() - self.used_at >= self.keepalive[0]:
+            conn.ping()
+            until = time.monotonic() + self.keepalive[1]
+            while conn.usable and conn.ping_sent is not None and self._read(until):
+                pass
+            if conn.ping_sent is not None:
+                conn.fail(unavailable("keepalive PING unanswered"))
+        return conn.can_start()
 
-    def call(self, path: bytes, message: bytes, deadline: Optional[float]) -> bytes:
-        h2 = self.h2
-        sock = self.sock
+    def call(self, call: _Call, deadline: Optional[float]) -> None:
+        conn = self.conn
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
             raise deadline_exceeded()
-        stream = None
-        try:
-            sock.settimeout(remaining)
-            stream = h2.start(path, message, remaining)
-            while not stream.done:
-                if deadline is not None:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise socket.timeout()
-                    sock.settimeout(remaining)
-                data = sock.recv(262144)
-                if not data:
-                    h2.fail(unavailable("Socket closed"))
+        conn.start(call, remaining)
+        while not call.done:
+            now = time.monotonic()
+            until = deadline
+            if self.keepalive is not None:
+                if conn.ping_sent is None:
+                    ping_at = self.heard_at + self.keepalive[0]
+                    if now >= ping_at:
+                        conn.ping()
+                        continue
+                    until = ping_at if until is None else min(until, ping_at)
+                else:
+                    lost_at = conn.ping_sent + self.keepalive[1]
+                    if now >= lost_at:
+                        conn.fail(unavailable("keepalive PING unanswered"))
+                        break
+                    until = lost_at if until is None else min(until, lost_at)
+            if not self._read(until) and not call.done:
+                if conn.error is not None:
                     break
-                h2.feed(data)
-        except socket.timeout:
-            if stream is not None:
-                h2.cancel(stream)
-            # What the server still sends for the stream would have to be read past; a new
-            # connection is simpler, and a deadline is rare.
-            h2.fail(deadline_exceeded())
-            raise deadline_exceeded() from None
-        except OSError as e:
-            h2.fail(unavailable(f"Connection lost: {e}"))
-            raise unavailable(f"Connection lost: {e}") from e
-        if stream.error is not None:
-            raise stream.error
-        return stream.result  # type: ignore[return-value]
+                if deadline is not None and time.monotonic() >= deadline:
+                    conn.cancel(call)
+                    # What the server still sends for the stream would have to be read past; a
+                    # new connection is simpler, and a deadline is rare.
+                    conn.fail(deadline_exceeded())
+                    raise deadline_exceeded()
+        self.used_at = time.monotonic()
 
 
 class SyncTransport:
     """Blocking unary calls: the calling thread writes the request and reads the answer itself
-    on a connection it holds for the call. Idle connections wait in a pool; a call with none idle
-    opens one, so there are as many as calls were at once in flight (at most ``max_idle`` stay)."""
+    on a connection it holds for the call (one stream at a time per connection, so the
+    server's stream limit is never met). Idle connections wait in a pool; a call with none idle
+    opens one, so there are as many as calls were at once in flight (at most ``max_idle``
+    stay)."""
 
     def __init__(self, endpoint: Endpoint, max_idle: int = 16) -> None:
         self.endpoint = endpoint
@@ -743,13 +902,28 @@ class SyncTransport:
 
     def unary(self, path: bytes, message: bytes, timeout: Optional[float]) -> bytes:
         deadline = None if timeout is None else time.monotonic() + timeout
-        conn = self._take(timeout)
-        try:
-            return conn.call(path, message, deadline)
-        finally:
-            self._give(conn)
+        call = _Call(path, message)
+        moves = 0
+        while True:
+            conn = self._take(deadline)
+            try:
+                conn.call(call, deadline)
+            finally:
+                self._give(conn)
+            if call.retry is None:
+                break
+            moves += 1
+            SEEN["moved"] += 1
+            if moves > MAX_MOVES:
+                raise unavailable(call.retry)
+            call.reset()
+        if not call.done:
+            raise call.conn.error if call.conn is not None and call.conn.error else unavailable("Socket closed")
+        if call.error is not None:
+            raise call.error
+        return call.result  # type: ignore[return-value]
 
-    def _take(self, timeout: Optional[float]) -> _SyncConnection:
+    def _take(self, deadline: Optional[float]) -> _SyncConnection:
         if self._closed:
             raise unavailable("the client was closed")
         if self._pid != os.getpid():
@@ -767,17 +941,19 @@ class SyncTransport:
             if conn.poll():
                 return conn
             conn.close()
+        if deadline is not None and deadline <= time.monotonic():
+            raise deadline_exceeded()
         try:
-            return _SyncConnection(self.endpoint, timeout)
+            return _SyncConnection(self.endpoint, deadline)
         except ssl.SSLError as e:
             raise unavailable(f"TLS handshake failed: {e}") from e
         except socket.timeout:
             raise deadline_exceeded() from None
         except OSError as e:
-            raise unavailable(f"failed to connect to {self.endpoint.host}:{self.endpoint.port}: {e}") from e
+            raise unavailable(f"failed to connect to {self.endpoint.describe()}: {e}") from e
 
     def _give(self, conn: _SyncConnection) -> None:
-        if conn.h2.usable and not conn.h2.streams and not self._closed:
+        if conn.conn.usable and conn.conn.idle and not self._closed:
             with self._lock:
                 if len(self._idle) < self.max_idle:
                     self._idle.append(conn)
@@ -792,13 +968,18 @@ class SyncTransport:
             conn.close()
 
 
-# -- asyncio ----------------------------------------------------------------
+# -- asyncio ----------------------------------------------------------------------------------
 
 
 class _Protocol(asyncio.Protocol):
     def __init__(self, endpoint: Endpoint) -> None:
         self.transport: Optional[asyncio.Transport] = None
-        self.h2 = H2Connection(self._write, endpoint.header_prefix)
+        self.conn = Conn(endpoint, self._write)
+        self.conn.on_change = self._changed
+        self.waiters: Deque["asyncio.Future[None]"] = collections.deque()
+        self.settled: "asyncio.Future[None]" = asyncio.get_running_loop().create_future()
+        self._pinger: Optional[asyncio.TimerHandle] = None
+        self.keepalive = endpoint.keepalive
 
     def _write(self, data: bytes) -> None:
         if self.transport is None or self.transport.is_closing():
@@ -807,30 +988,78 @@ class _Protocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        transport.write(self.h2.preface())  # type: ignore[attr-defined]
+        transport.write(self.conn.preface())  # type: ignore[attr-defined]
+        if self.keepalive is not None:
+            self._pinger = asyncio.get_running_loop().call_later(self.keepalive[0], self._keepalive)
+
+    def _keepalive(self) -> None:
+        conn = self.conn
+        if conn.error is not None:
+            return
+        interval, timeout = self.keepalive  # type: ignore[misc]
+        if conn.ping_sent is not None:
+            if time.monotonic() - conn.ping_sent >= timeout:
+                conn.fail(unavailable("keepalive PING unanswered"))
+                if self.transport is not None:
+                    self.transport.close()
+                return
+            delay = conn.ping_sent + timeout - time.monotonic()
+        else:
+            if conn.calls:
+                conn.ping()
+                delay = min(interval, timeout)
+            else:
+                delay = interval
+        self._pinger = asyncio.get_running_loop().call_later(max(0.01, delay), self._keepalive)
 
     def data_received(self, data: bytes) -> None:
-        self.h2.feed(data)
-        if self.h2.error is not None and self.transport is not None:
+        self.conn.feed(data)
+        if self.conn.error is not None and self.transport is not None:
             self.transport.close()
 
     def eof_received(self) -> Optional[bool]:
-        self.h2.fail(unavailable("Socket closed"))
+        self.conn.fail(unavailable("Socket closed"))
         return None
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
-        self.h2.fail(unavailable(f"Connection lost: {exc}" if exc else "Socket closed"))
+        if self._pinger is not None:
+            self._pinger.cancel()
+        self.conn.fail(unavailable(f"Connection lost: {exc}" if exc else "Socket closed"))
+
+    def _changed(self) -> None:
+        conn = self.conn
+        if conn.settled and not self.settled.done():
+            self.settled.set_result(None)
+        if not conn.usable:
+            if not self.settled.done():
+                self.settled.set_result(None)
+            free = len(self.waiters)
+        else:
+            free = conn.h2.remote_settings.max_concurrent_streams - conn.h2.open_outbound_streams
+        while free > 0 and self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                free -= 1
+        if conn.goaway is not None and not conn.calls and self.transport is not None:
+            self.transport.close()  # drained after a GOAWAY
 
 
-def _resolve(stream: _Stream) -> None:
-    future = stream.future
+def _resolve(call: _Call) -> None:
+    future = call.future
     if future is not None and not future.done():
         future.set_result(None)
 
 
+def _expire(future: "asyncio.Future[None]") -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class AsyncTransport:
-    """Unary calls multiplexed on one connection, answers resolved in ``data_received``. A
-    connection that went away (GOAWAY, closed, broken) is replaced on the next call."""
+    """Unary calls multiplexed on one connection, answers resolved in ``data_received``; calls
+    above the server's stream limit wait for a slot. A connection that went away (GOAWAY,
+    closed, broken) is replaced on the next call."""
 
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
@@ -838,32 +1067,43 @@ class AsyncTransport:
         self._connecting: Optional["asyncio.Future[_Protocol]"] = None
         self._closed = False
 
-    async def _connection(self, timeout: Optional[float]) -> _Protocol:
+    async def _connection(self, deadline: Optional[float]) -> _Protocol:
         protocol = self._protocol
-        if protocol is not None and protocol.h2.usable:
+        if protocol is not None and protocol.conn.usable:
             return protocol
         if self._closed:
             raise unavailable("the client was closed")
         if protocol is not None:
             self._protocol = None
-            if protocol.transport is not None and not protocol.h2.streams:
+            if protocol.transport is not None and protocol.conn.idle:
                 protocol.transport.close()
         if self._connecting is None:
             self._connecting = asyncio.ensure_future(self._connect())
         connecting = self._connecting
+        loop = asyncio.get_running_loop()
         try:
-            return await asyncio.wait_for(asyncio.shield(connecting), timeout)
+            return await asyncio.wait_for(
+                asyncio.shield(connecting), None if deadline is None else max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
             raise deadline_exceeded() from None
 
     async def _connect(self) -> _Protocol:
         loop = asyncio.get_running_loop()
         e = self.endpoint
+        protocol: Optional[_Protocol] = None
         try:
-            _, protocol = await loop.create_connection(
-                lambda: _Protocol(e), e.host, e.port,
-                ssl=e.tls, server_hostname=e.server_hostname if e.tls else None,
-            )
+            if e.proxy is None:
+                _, protocol = await loop.create_connection(
+                    lambda: _Protocol(e), e.host, e.port,
+                    ssl=e.tls, server_hostname=e.server_hostname if e.tls else None,
+                )
+            else:
+                sock = await _tunnel(loop, e)
+                _, protocol = await loop.create_connection(
+                    lambda: _Protocol(e), sock=sock,
+                    ssl=e.tls, server_hostname=e.server_hostname if e.tls else None,
+                )
+            assert protocol is not None and protocol.transport is not None
             if e.tls is not None:
                 sslobj = protocol.transport.get_extra_info("ssl_object")
                 if sslobj is None or sslobj.selected_alpn_protocol() != "h2":
@@ -872,49 +1112,83 @@ class AsyncTransport:
             sock = protocol.transport.get_extra_info("socket")
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # The server's SETTINGS (its limits) come before the first stream.
+            try:
+                if not _PRE_ISSUE_51:
+                    await asyncio.wait_for(asyncio.shield(protocol.settled), SETTINGS_TIMEOUT)
+            except asyncio.TimeoutError:
+                protocol.transport.close()
+                raise unavailable("no SETTINGS from the server") from None
+            if protocol.conn.error is not None:
+                raise protocol.conn.error
             self._protocol = protocol
             return protocol
         except ssl.SSLError as err:
             raise unavailable(f"TLS handshake failed: {err}") from err
         except OSError as err:
-            raise unavailable(f"failed to connect to {e.host}:{e.port}: {err}") from err
+            raise unavailable(f"failed to connect to {e.describe()}: {err}") from err
         finally:
             self._connecting = None
 
     async def unary(self, path: bytes, message: bytes, timeout: Optional[float]) -> bytes:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        protocol = await self._connection(timeout)
-        h2 = protocol.h2
-        remaining = None if deadline is None else deadline - loop.time()
-        if remaining is not None and remaining <= 0:
-            raise deadline_exceeded()
-        future = loop.create_future()
-        try:
-            stream = h2.start(path, message, remaining)
-        except OSError as e:
-            h2.fail(unavailable(f"Connection lost: {e}"))
-            raise unavailable(f"Connection lost: {e}") from e
-        if not stream.done:
-            stream.future = future
-            stream.on_done = _resolve
-            timer = None if deadline is None else loop.call_at(deadline, _expire, future)
-            try:
-                await future
-            except asyncio.CancelledError:
-                h2.cancel(stream)
-                raise
-            finally:
-                if timer is not None:
-                    timer.cancel()
-            if not stream.done:  # the deadline passed first
-                h2.cancel(stream)
+        call = _Call(path, message)
+        call.on_done = _resolve
+        moves = 0
+        while True:
+            protocol = await self._connection(deadline)
+            conn = protocol.conn
+            if not conn.can_start():
+                if conn.usable:  # the stream limit: wait for a slot (or the connection's end)
+                    await self._wait(protocol, loop, deadline)
+                continue
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
                 raise deadline_exceeded()
-            if protocol is not self._protocol and not h2.streams and protocol.transport is not None:
-                protocol.transport.close()  # replaced after a GOAWAY: its last call is over
-        if stream.error is not None:
-            raise stream.error
-        return stream.result  # type: ignore[return-value]
+            future = call.future = loop.create_future()
+            conn.start(call, remaining)
+            if not call.done:
+                timer = None if deadline is None else loop.call_at(deadline, _expire, future)
+                try:
+                    await future
+                except asyncio.CancelledError:
+                    conn.cancel(call)
+                    raise
+                finally:
+                    if timer is not None:
+                        timer.cancel()
+                if not call.done:  # the deadline passed first
+                    conn.cancel(call)
+                    raise deadline_exceeded()
+            if call.retry is None:
+                break
+            moves += 1
+            SEEN["moved"] += 1
+            if moves > MAX_MOVES:
+                raise unavailable(call.retry)
+            call.reset()
+        if call.error is not None:
+            raise call.error
+        return call.result  # type: ignore[return-value]
+
+    @staticmethod
+    async def _wait(protocol: _Protocol, loop: asyncio.AbstractEventLoop, deadline: Optional[float]) -> None:
+        waiter = loop.create_future()
+        protocol.waiters.append(waiter)
+        timer = None if deadline is None else loop.call_at(deadline, _expire, waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            # A slot this waiter was given goes to the next one.
+            if waiter.done() and not waiter.cancelled():
+                protocol._changed()
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if deadline is not None and loop.time() >= deadline:
+            raise deadline_exceeded()
 
     def close(self) -> None:
         self._closed = True
@@ -923,6 +1197,32 @@ class AsyncTransport:
             protocol.transport.close()
 
 
-def _expire(future: "asyncio.Future[None]") -> None:
-    if not future.done():
-        future.set_result(None)
+async def _tunnel(loop: asyncio.AbstractEventLoop, endpoint: Endpoint) -> socket.socket:
+    """A socket connected through the endpoint's HTTP CONNECT proxy."""
+    proxy = endpoint.proxy
+    assert proxy is not None
+    infos = await loop.getaddrinfo(proxy.host, proxy.port, type=socket.SOCK_STREAM)
+    error: Optional[OSError] = None
+    for family, kind, proto, _, address in infos:
+        sock = socket.socket(family, kind, proto)
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, address)
+            await loop.sock_sendall(sock, proxy.request(endpoint.authority))
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = await loop.sock_recv(sock, 1)
+                if not chunk:
+                    raise OSError("the proxy closed the connection during CONNECT")
+                head += chunk
+                if len(head) > 16384:
+                    raise OSError("the proxy's CONNECT reply is too long")
+            Proxy.check_reply(head)
+            return sock
+        except OSError as e:
+            sock.close()
+            error = e
+        except BaseException:
+            sock.close()
+            raise
+    raise error or OSError(f"cannot resolve the proxy {proxy.host}")

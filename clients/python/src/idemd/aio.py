@@ -63,9 +63,11 @@ class _DefaultsStub:
 
 
 class AsyncClient:
-    """asyncio counterpart of :class:`idemd.Client` (same options, ``transport`` too: the
-    client's own calls are multiplexed on one HTTP/2 connection of the SDK's own, answered
-    in the event loop's callback, unless grpc.aio makes them)."""
+    """asyncio counterpart of :class:`idemd.Client` (same options, ``transport`` and
+    ``keepalive`` too: by default grpc.aio makes the client's own calls; with
+    ``transport="h2"`` they are multiplexed on one HTTP/2 connection of the SDK's transport on
+    ``h2``, at most as many at once as the server's SETTINGS allow, answered in the event loop's
+    callback)."""
 
     def __init__(
         self,
@@ -82,15 +84,16 @@ class AsyncClient:
         retry: Optional[RetryPolicy] = None,
         options: Sequence[Tuple[str, object]] = (),
         channel: Optional[grpc.aio.Channel] = None,
-        transport: str = "http2",
+        transport: Optional[str] = None,
+        keepalive: Optional[object] = None,
     ) -> None:
         self.target = target
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         self._metadata = call_metadata(token, tenant)
         endpoint = _h2.endpoint(
-            target, transport, channel is not None or bool(options), self._metadata,
-            insecure, ca_file, root_certificates, cert_file, key_file,
+            target, transport or _h2.DEFAULT_TRANSPORT, channel is not None or bool(options), self._metadata,
+            insecure, ca_file, root_certificates, cert_file, key_file, keepalive,
         )
         self._lean = None if endpoint is None else _h2.AsyncTransport(endpoint)
         if channel is None:
@@ -98,7 +101,7 @@ class AsyncClient:
             # of its own, which cost ~0.1 ms per Claim+Complete pair (issue
             # 37's bench). The client's own calls pass the metadata and the
             # deadline themselves; `stub` fills them in for raw calls.
-            opts = [("grpc.primary_user_agent", USER_AGENT), *options]
+            opts = [("grpc.primary_user_agent", USER_AGENT), *_h2.grpcio_keepalive_options(keepalive), *options]
             if insecure:
                 if ca_file or root_certificates or cert_file or key_file:
                     raise ValueError("insecure=True contradicts the TLS options")
@@ -130,10 +133,18 @@ class AsyncClient:
         if self._lean is not None:
             path, response_type = _h2.METHODS[name]
             return response_type.FromString(await self._lean.unary(path, request.SerializeToString(), timeout))
-        try:
-            return await getattr(self._stub, name)(request, timeout=timeout, metadata=self._metadata or None)
-        except grpc.RpcError as e:
-            raise to_rpc_error(e) from e
+        deadline = None if timeout is None else time.monotonic() + timeout
+        moves = 0
+        while True:
+            try:
+                return await getattr(self._stub, name)(request, timeout=timeout, metadata=self._metadata or None)
+            except grpc.RpcError as e:
+                # A call the server never took moves on, as the h2 transport moves it.
+                left = None if deadline is None else deadline - time.monotonic()
+                if not _h2.grpcio_not_taken(e) or moves >= _h2.MAX_MOVES or (left is not None and left <= 0):
+                    raise to_rpc_error(e) from e
+                moves += 1
+                timeout = left
 
     async def claim(self, request: "pb.ClaimRequest", *, timeout: Optional[float] = None) -> "pb.ClaimResponse":
         return await self._call("Claim", request, timeout)
@@ -241,34 +252,71 @@ class AsyncClient:
             finally:
                 await keeper.stop()
         except BaseException as error:
-            await self._fail(ex.fail_request(endpoint, key, token, error), error, key)
+            await self._fail(ex.fail_request(endpoint, key, token, error), error, key, keeper.expires)
             raise
+        result = Result(response=out, replayed=False, attempt=claimed.attempt, fingerprint=bytes(response.fingerprint))
         try:
-            await self._with_retries(
+            await self._deliver(
                 "Complete",
                 pb.CompleteRequest(endpoint=endpoint, key=key, lease_token=token, response=ex.response_to_pb(out)),
-                "Complete",
+                keeper.expires,
             )
         except RpcError as error:
-            if error.reason != "LEASE_LOST":
-                await self._fail(ex.fail_request(endpoint, key, token, error), error, key)
+            if error.reason == "LEASE_LOST":
+                raise
+            # See idemd.Client._run: a Complete that arrived before its connection broke counts.
+            if error.retryable and await self._completed(endpoint, key, claimed.attempt):
+                return result
+            if await self._fail(ex.fail_request(endpoint, key, token, error), error, key, keeper.expires) and \
+                    await self._completed(endpoint, key, claimed.attempt):
+                return result
             raise
-        return Result(response=out, replayed=False, attempt=claimed.attempt, fingerprint=bytes(response.fingerprint))
+        return result
 
-    async def _fail(self, request: "pb.FailRequest", error: BaseException, key: str) -> None:
+    async def _deliver(self, method: str, request: object, until: float) -> None:
+        """See :meth:`idemd.Client._deliver`."""
+        retry = 0
+        while True:
+            try:
+                await self._call(method, request, None)
+                return
+            except RpcError as e:
+                retry += 1
+                left = until - time.monotonic()
+                if not e.retryable or (retry >= self.retry.attempts and left <= 0):
+                    raise
+                delay = self.retry.backoff(retry - 1)
+                if retry >= self.retry.attempts:
+                    delay = min(delay, left)
+                log.debug("idemd: %s failed with %s; retrying in %.3fs", method, e.code.name, delay)
+                await asyncio.sleep(delay)
+
+    async def _completed(self, endpoint: str, key: str, attempt: int) -> bool:
         try:
-            await self._with_retries("Fail", request, "Fail")
+            record = (await self._with_retries("Lookup", pb.LookupRequest(endpoint=endpoint, key=key), "Lookup")).record
+        except RpcError:
+            return False
+        return record.state == pb.STATE_COMPLETED and record.attempt == attempt
+
+    async def _fail(self, request: "pb.FailRequest", error: BaseException, key: str,
+                    until: Optional[float] = None) -> bool:
+        try:
+            await self._deliver("Fail", request, time.monotonic() if until is None else until)
+            return False
         except RpcError as fail_error:
             disposition = pb.Disposition.Name(request.disposition)
             log.warning("idemd: Fail %s for key %s failed: %s", disposition, key_hash(key), fail_error.code.name)
             ex.add_note(error, f"idemd: Fail {disposition} also failed: {fail_error}")
+            return True
 
-    async def _keep_lease(self, endpoint: str, key: str, token: str, lease: float) -> None:
+    async def _keep_lease(self, endpoint: str, key: str, token: str, lease: float, keeper: "_LeaseKeeper") -> None:
         """Extends the lease now (half of it has passed), then every half lease."""
         request = pb.ExtendLeaseRequest(endpoint=endpoint, key=key, lease_token=token, lease=duration(lease))
         while True:
             try:
+                sent = time.monotonic()
                 await self._call("ExtendLease", request, lease / 2)
+                keeper.expires = sent + lease
                 interval = lease / 2
             except RpcError as e:
                 if not e.retryable:
@@ -285,8 +333,10 @@ class _LeaseKeeper:
     cost more than the timer (issue 37's bench)."""
 
     def __init__(self, client: AsyncClient, endpoint: str, key: str, token: str, lease: float) -> None:
-        self._extend = lambda: client._keep_lease(endpoint, key, token, lease)
+        self._extend = lambda: client._keep_lease(endpoint, key, token, lease, self)
         self._task: Optional["asyncio.Future[None]"] = None
+        #: When the lease runs out (monotonic), as far as this side knows.
+        self.expires = time.monotonic() + lease
         self._timer = asyncio.get_running_loop().call_later(lease / 2, self._start)
 
     def _start(self) -> None:

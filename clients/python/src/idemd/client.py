@@ -58,11 +58,16 @@ class Client:
     (``idemd.pb``) and raises :class:`idemd.RpcError`; :attr:`stub` is the
     generated stub itself (with the same credentials and default deadline).
 
-    The client's own calls (the raw RPC methods and the executor's) go over the
-    SDK's own HTTP/2 transport, a fraction of grpcio's cost per call; grpcio
-    makes them instead with ``transport="grpcio"``, with ``channel`` or
-    ``options``, and for targets other than ``host:port``/``dns:`` (``unix:``,
-    ``ipv4:``, ...). :attr:`stub` and :attr:`channel` are always grpcio's.
+    The client's own calls (the raw RPC methods and the executor's) go through
+    grpcio by default (grpc-core's HTTP/2: the server's SETTINGS, GOAWAY and
+    ``grpc_proxy``/``https_proxy``/``no_proxy`` are its; a call it fails
+    because the server never took it, after a GOAWAY, is sent again without
+    spending a retry). ``transport="h2"`` makes them over the SDK's own
+    transport on python-hyper's ``h2`` instead (``idemd._h2`` says what it
+    does and costs), for ``host:port``/``dns:`` targets without ``channel`` or
+    ``options``. ``keepalive=(interval, timeout)`` (seconds; off by default)
+    pings the connection, on either transport. :attr:`stub` and
+    :attr:`channel` are always grpcio's.
 
     Thread-safe; one client per process and target is enough. Close it (or use
     it as a context manager) to release the channel.
@@ -83,18 +88,19 @@ class Client:
         retry: Optional[RetryPolicy] = None,
         options: Sequence[Tuple[str, object]] = (),
         channel: Optional[grpc.Channel] = None,
-        transport: str = "http2",
+        transport: Optional[str] = None,
+        keepalive: Optional[object] = None,
     ) -> None:
         self.target = target
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
         endpoint = _h2.endpoint(
-            target, transport, channel is not None or bool(options), call_metadata(token, tenant),
-            insecure, ca_file, root_certificates, cert_file, key_file,
+            target, transport or _h2.DEFAULT_TRANSPORT, channel is not None or bool(options),
+            call_metadata(token, tenant), insecure, ca_file, root_certificates, cert_file, key_file, keepalive,
         )
         self._lean = None if endpoint is None else _h2.SyncTransport(endpoint)
         if channel is None:
-            opts = [("grpc.primary_user_agent", USER_AGENT), *options]
+            opts = [("grpc.primary_user_agent", USER_AGENT), *_h2.grpcio_keepalive_options(keepalive), *options]
             if insecure:
                 if ca_file or root_certificates or cert_file or key_file:
                     raise ValueError("insecure=True contradicts the TLS options")
@@ -134,10 +140,18 @@ class Client:
         if self._lean is not None:
             path, response_type = _h2.METHODS[name]
             return response_type.FromString(self._lean.unary(path, request.SerializeToString(), timeout))
-        try:
-            return getattr(self._stub, name)(request, timeout=timeout, metadata=self._metadata or None)
-        except grpc.RpcError as e:
-            raise to_rpc_error(e) from e
+        deadline = None if timeout is None else time.monotonic() + timeout
+        moves = 0
+        while True:
+            try:
+                return getattr(self._stub, name)(request, timeout=timeout, metadata=self._metadata or None)
+            except grpc.RpcError as e:
+                # A call the server never took moves on, as the h2 transport moves it.
+                left = None if deadline is None else deadline - time.monotonic()
+                if not _h2.grpcio_not_taken(e) or moves >= _h2.MAX_MOVES or (left is not None and left <= 0):
+                    raise to_rpc_error(e) from e
+                moves += 1
+                timeout = left
 
     def claim(self, request: "pb.ClaimRequest", *, timeout: Optional[float] = None) -> "pb.ClaimResponse":
         """Claim (no retries; see :meth:`execute_once` for the full protocol)."""
@@ -270,30 +284,70 @@ class Client:
             finally:
                 keeper.stop()
         except BaseException as error:
-            self._fail(ex.fail_request(endpoint, key, token, error), error, key)
+            self._fail(ex.fail_request(endpoint, key, token, error), error, key, keeper.expires)
             raise
+        result = Result(response=out, replayed=False, attempt=claimed.attempt, fingerprint=bytes(response.fingerprint))
         try:
-            self._with_retries(
+            self._deliver(
                 "Complete",
                 pb.CompleteRequest(endpoint=endpoint, key=key, lease_token=token, response=ex.response_to_pb(out)),
-                None,
-                "Complete",
+                keeper.expires,
             )
         except RpcError as error:
-            if error.reason != "LEASE_LOST":
-                # The side effect happened but its response could not be stored:
-                # never let a retry run it again.
-                self._fail(ex.fail_request(endpoint, key, token, error), error, key)
+            if error.reason == "LEASE_LOST":
+                raise
+            # Undelivered within the lease, or refused: a Complete that did arrive on a
+            # connection that then broke made the key COMPLETED, and so the call succeeded.
+            if error.retryable and self._completed(endpoint, key, claimed.attempt):
+                return result
+            # The side effect happened but its response could not be stored: never let a
+            # retry run it again.
+            if self._fail(ex.fail_request(endpoint, key, token, error), error, key, keeper.expires) and \
+                    self._completed(endpoint, key, claimed.attempt):
+                return result
             raise
-        return Result(response=out, replayed=False, attempt=claimed.attempt, fingerprint=bytes(response.fingerprint))
+        return result
 
-    def _fail(self, request: "pb.FailRequest", error: BaseException, key: str) -> None:
+    def _deliver(self, method: str, request: object, until: float) -> None:
+        """Complete or Fail, retried on transport failures (a new connection each time) with
+        the same lease token, at least ``retry.attempts`` times and until the lease runs out
+        (``until``, monotonic), before the error is reported."""
+        retry = 0
+        while True:
+            try:
+                self._call(method, request, None)
+                return
+            except RpcError as e:
+                retry += 1
+                left = until - time.monotonic()
+                if not e.retryable or (retry >= self.retry.attempts and left <= 0):
+                    raise
+                delay = self.retry.backoff(retry - 1)
+                if retry >= self.retry.attempts:
+                    delay = min(delay, left)
+                log.debug("idemd: %s failed with %s; retrying in %.3fs", method, e.code.name, delay)
+                time.sleep(delay)
+
+    def _completed(self, endpoint: str, key: str, attempt: int) -> bool:
+        """Whether idemd holds the key COMPLETED by this attempt (a direct Lookup, retried)."""
+        request = pb.LookupRequest(endpoint=endpoint, key=key)
         try:
-            self._with_retries("Fail", request, None, "Fail")
+            record = self._with_retries("Lookup", request, None, "Lookup").record
+        except RpcError:
+            return False
+        return record.state == pb.STATE_COMPLETED and record.attempt == attempt
+
+    def _fail(self, request: "pb.FailRequest", error: BaseException, key: str,
+              until: Optional[float] = None) -> bool:
+        """Fail, delivered like Complete; True when it could not be (noted on ``error``)."""
+        try:
+            self._deliver("Fail", request, time.monotonic() if until is None else until)
+            return False
         except RpcError as fail_error:
             disposition = pb.Disposition.Name(request.disposition)
             log.warning("idemd: Fail %s for key %s failed: %s", disposition, key_hash(key), fail_error.code.name)
             ex.add_note(error, f"idemd: Fail {disposition} also failed: {fail_error}")
+            return True
 
 
 class _LeaseKeeper:
@@ -312,6 +366,10 @@ class _LeaseKeeper:
         self._thread: Optional[threading.Thread] = None
         self._timer: Optional[list] = None
         self.lost: Optional[RpcError] = None
+        self._lease = lease
+        #: When the lease runs out (monotonic), as far as this side knows: the claim's, then
+        #: each extension's.
+        self.expires = time.monotonic() + lease
 
     def start(self) -> None:
         self._timer = self._client._timers.schedule(self._interval, self._begin)
@@ -336,7 +394,9 @@ class _LeaseKeeper:
         interval = 0.0  # the timer waited the first half lease
         while not self._stopped.wait(interval):
             try:
+                sent = time.monotonic()
                 self._client._call("ExtendLease", self._request, self._interval)
+                self.expires = sent + self._lease
                 interval = self._interval
             except RpcError as e:
                 if e.retryable:
