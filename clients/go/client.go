@@ -16,11 +16,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	idemdv1 "github.com/idemd/idemd/clients/go/gen/idemd/v1"
 )
@@ -150,7 +153,7 @@ func New(target string, opts ...Option) (*Client, error) {
 
 	dial := []grpc.DialOption{
 		grpc.WithTransportCredentials(transport),
-		grpc.WithChainUnaryInterceptor(deadlineInterceptor(o.callTimeout)),
+		grpc.WithChainUnaryInterceptor(deadlineInterceptor(o.callTimeout), unprocessedRetryInterceptor()),
 	}
 	if o.token != "" || o.tenant != "" {
 		dial = append(dial, grpc.WithPerRPCCredentials(callCredentials{
@@ -211,4 +214,54 @@ func deadlineInterceptor(timeout time.Duration) grpc.UnaryClientInterceptor {
 		}
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
+}
+
+// maxUnprocessedAttempts bounds how many times unprocessedRetryInterceptor
+// sends a call that the server (or a proxy) never took.
+const maxUnprocessedAttempts = 20
+
+// unprocessedRetryInterceptor sends a call again when grpc-go reports that the
+// server never processed it: the stream was above the last-stream-id of a
+// GOAWAY, or created on (or queued for) a connection that was draining ("the
+// connection is draining"), or refused with RST_STREAM REFUSED_STREAM. grpc-go
+// retries such a call transparently only once (gRFC A6: a second unprocessed
+// attempt surfaces as UNAVAILABLE), which a proxy that sends a GOAWAY every
+// few requests (nginx's keepalive_requests) defeats at a few dozen calls in
+// flight. Nothing reached idemd, so sending it again is safe for every RPC; it
+// happens within the call's deadline, before any retry of the executor, and
+// never for an error the server may have seen (a connection that broke with
+// the request on it stays an error).
+func unprocessedRetryInterceptor() grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
+		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		for attempt := 1; ; attempt++ {
+			err := invoker(ctx, method, req, reply, cc, opts...)
+			if err == nil || attempt >= maxUnprocessedAttempts || !unprocessed(err) || ctx.Err() != nil {
+				return err
+			}
+			if attempt > 2 {
+				// The connections keep refusing it: leave the balancer a
+				// moment to bring up a new one.
+				t := time.NewTimer(time.Duration(attempt) * 5 * time.Millisecond)
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					t.Stop()
+					return err
+				}
+			}
+		}
+	}
+}
+
+// unprocessed reports whether err is grpc-go's status for a call the server
+// never took (internal/transport's errStreamDrain, or a REFUSED_STREAM reset).
+func unprocessed(err error) bool {
+	s, ok := status.FromError(err)
+	if !ok || s.Code() != codes.Unavailable {
+		return false
+	}
+	msg := s.Message()
+	return msg == "the connection is draining" ||
+		strings.HasSuffix(msg, "RST_STREAM with error code: REFUSED_STREAM")
 }

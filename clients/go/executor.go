@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	mathrand "math/rand/v2"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -88,7 +89,8 @@ func WithLease(d time.Duration) ExecuteOption { return func(o *executeOptions) {
 func WithTTL(d time.Duration) ExecuteOption { return func(o *executeOptions) { o.ttl = d } }
 
 // WithTransportRetries sets how often each RPC is retried after a transport
-// error (default DefaultTransportRetries).
+// error (default DefaultTransportRetries). A Complete or Fail is retried at
+// least that often and, beyond it, for as long as the claim's lease holds.
 func WithTransportRetries(n int) ExecuteOption {
 	return func(o *executeOptions) { o.transportRetries = max(n, 0) }
 }
@@ -222,7 +224,9 @@ func (c *Client) runClaimed(ctx context.Context, claim *idemdv1.ClaimRequest, cl
 	}
 	handlerCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stopKeeper := c.keepLease(handlerCtx, cancel, claim, claimed.GetLeaseToken(), lease, o)
+	held := new(leaseEnd)
+	held.set(time.Now().Add(lease))
+	stopKeeper := c.keepLease(handlerCtx, cancel, claim, claimed.GetLeaseToken(), lease, held, o)
 
 	ex := Execution{Endpoint: claim.GetEndpoint(), Key: claim.GetKey(), Attempt: claimed.GetAttempt()}
 	resp, panicked, panicValue, handlerErr := callHandler(handlerCtx, handler, ex)
@@ -234,7 +238,7 @@ func (c *Client) runClaimed(ctx context.Context, claim *idemdv1.ClaimRequest, cl
 	token := claimed.GetLeaseToken()
 
 	if panicked {
-		_ = c.fail(recordCtx, claim, token, idemdv1.Disposition_DISPOSITION_UNKNOWN, panicReason(panicValue), o)
+		_ = c.fail(recordCtx, held, claim, token, idemdv1.Disposition_DISPOSITION_UNKNOWN, panicReason(panicValue), o)
 		panic(panicValue)
 	}
 	if handlerErr != nil {
@@ -242,18 +246,18 @@ func (c *Client) runClaimed(ctx context.Context, claim *idemdv1.ClaimRequest, cl
 		if IsNoSideEffect(handlerErr) {
 			disposition = idemdv1.Disposition_DISPOSITION_RELEASE
 		}
-		if err := c.fail(recordCtx, claim, token, disposition, handlerErr.Error(), o); err != nil {
+		if err := c.fail(recordCtx, held, claim, token, disposition, handlerErr.Error(), o); err != nil {
 			return nil, errors.Join(handlerErr, fmt.Errorf("idemd: recording the failure: %w", err))
 		}
 		return nil, handlerErr
 	}
 	if resp == nil {
 		reason := "handler returned neither a response nor an error"
-		_ = c.fail(recordCtx, claim, token, idemdv1.Disposition_DISPOSITION_UNKNOWN, reason, o)
+		_ = c.fail(recordCtx, held, claim, token, idemdv1.Disposition_DISPOSITION_UNKNOWN, reason, o)
 		return nil, errors.New("idemd: " + reason)
 	}
 
-	err := c.retryTransient(recordCtx, o, func(ctx context.Context) error {
+	err := c.retryRecord(recordCtx, o, held, func(ctx context.Context) error {
 		_, err := c.Complete(ctx, &idemdv1.CompleteRequest{
 			Endpoint: claim.GetEndpoint(), Key: claim.GetKey(), LeaseToken: token, Response: resp.proto(),
 		})
@@ -266,7 +270,7 @@ func (c *Client) runClaimed(ctx context.Context, claim *idemdv1.ClaimRequest, cl
 		default:
 			// Refused (e.g. too large) or unreachable: the side effect happened,
 			// so make the record pending now rather than at lease expiry.
-			_ = c.fail(recordCtx, claim, token, idemdv1.Disposition_DISPOSITION_UNKNOWN,
+			_ = c.fail(recordCtx, held, claim, token, idemdv1.Disposition_DISPOSITION_UNKNOWN,
 				"the handler's response could not be stored: "+status.Code(err).String(), o)
 		}
 		return nil, &CompleteError{Response: resp, Err: err}
@@ -292,9 +296,9 @@ func callHandler(ctx context.Context, handler Handler, ex Execution) (resp *Resp
 	return resp, false, nil, err
 }
 
-func (c *Client) fail(ctx context.Context, claim *idemdv1.ClaimRequest, token string,
+func (c *Client) fail(ctx context.Context, held *leaseEnd, claim *idemdv1.ClaimRequest, token string,
 	disposition idemdv1.Disposition, reason string, o *executeOptions) error {
-	return c.retryTransient(ctx, o, func(ctx context.Context) error {
+	return c.retryRecord(ctx, o, held, func(ctx context.Context) error {
 		_, err := c.Fail(ctx, &idemdv1.FailRequest{
 			Endpoint: claim.GetEndpoint(), Key: claim.GetKey(), LeaseToken: token,
 			Disposition: disposition, Reason: truncateUTF8(reason, maxReasonBytes),
@@ -313,7 +317,7 @@ func (c *Client) fail(ctx context.Context, claim *idemdv1.ClaimRequest, token st
 // timer. A goroutine per call cost every request its start and, in stop, a
 // handoff to it and back (a scheduler wake-up on the request's path).
 func (c *Client) keepLease(ctx context.Context, cancel context.CancelCauseFunc, claim *idemdv1.ClaimRequest,
-	token string, lease time.Duration, o *executeOptions) (stop func()) {
+	token string, lease time.Duration, held *leaseEnd, o *executeOptions) (stop func()) {
 	if lease <= 2*minLeaseTick {
 		return func() {}
 	}
@@ -331,6 +335,7 @@ func (c *Client) keepLease(ctx context.Context, cancel context.CancelCauseFunc, 
 				return
 			default:
 			}
+			sent := time.Now()
 			callCtx, cancelCall := context.WithTimeout(context.WithoutCancel(ctx), interval)
 			_, err := c.ExtendLease(callCtx, &idemdv1.ExtendLeaseRequest{
 				Endpoint: claim.GetEndpoint(), Key: claim.GetKey(), LeaseToken: token,
@@ -340,6 +345,7 @@ func (c *Client) keepLease(ctx context.Context, cancel context.CancelCauseFunc, 
 			pause := interval
 			switch code := status.Code(err); {
 			case err == nil:
+				held.set(sent.Add(lease))
 			case code == codes.FailedPrecondition || code == codes.NotFound:
 				cancel(ErrLeaseLost)
 				return
@@ -380,15 +386,31 @@ func (c *Client) callWithDeadline(ctx context.Context, wait time.Duration,
 	return call(ctx)
 }
 
-// retryTransient runs call, retrying transport errors with backoff.
-func (c *Client) retryTransient(ctx context.Context, o *executeOptions, call func(context.Context) error) error {
+// leaseEnd is when the claim's lease ends as far as this process knows: the
+// claim's lease from when it was granted, moved on by every extension (local
+// clock; a lower bound, as each is counted from when its request was sent).
+type leaseEnd struct{ nanos atomic.Int64 }
+
+func (l *leaseEnd) set(t time.Time) { l.nanos.Store(t.UnixNano()) }
+func (l *leaseEnd) get() time.Time  { return time.Unix(0, l.nanos.Load()) }
+
+// retryRecord delivers a Complete or Fail: a transport error is retried with
+// backoff (grpc-go reconnects in between) for as long as the lease holds, at
+// least o.transportRetries times. Reporting the call as failed earlier would
+// leave the key IN_PROGRESS until the lease expires, and then UNKNOWN, for a
+// handler that ran and a record that one more attempt would have stored.
+func (c *Client) retryRecord(ctx context.Context, o *executeOptions, held *leaseEnd, call func(context.Context) error) error {
 	backoff := initialBackoff
 	for failures := 0; ; failures++ {
 		err := call(ctx)
-		if err == nil || !isTransient(err) || failures >= o.transportRetries || ctx.Err() != nil {
+		if err == nil || !isTransient(err) || ctx.Err() != nil {
 			return err
 		}
-		if err := sleep(ctx, fullJitter(backoff)); err != nil {
+		pause := fullJitter(backoff)
+		if failures >= o.transportRetries && !time.Now().Add(pause).Before(held.get()) {
+			return err
+		}
+		if err := sleep(ctx, pause); err != nil {
 			return err
 		}
 		backoff = min(2*backoff, maxBackoff)

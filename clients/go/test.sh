@@ -5,7 +5,8 @@
 # conformance scenarios against a live idemd, the TLS options against an idemd
 # serving mTLS, the README program, a consumer module outside the repository,
 # the middleware in ServeMux and chi against the shared HTTP scenarios, the
-# HTTP example, the consumer helper), the consumer scenarios and the README's
+# HTTP example, the consumer helper), the proxy matrix through nginx
+# (clients/conformance/proxy-matrix.md), the consumer scenarios and the README's
 # consumer block against a Kafka broker (examples/kafka-consumer, its own
 # module, under scripts/kafka.sh run), then the latency checks on their own.
 # Runnable from any directory; idempotent.
@@ -99,7 +100,12 @@ echo "== go vet"
 go vet ./...
 echo "== go test (idemd: $IDEMD_BIN, certificates: ${IDEMD_TEST_CERTS:-unset})"
 # -count=1: results depend on the idemd binary, so never reuse cached ones.
-go test -count=1 ${GO_TEST_FLAGS:-} -skip '^(TestReplayLatency|TestMiddlewareLatency)$' ./...
+go test -count=1 ${GO_TEST_FLAGS:-} -skip '^(TestReplayLatency|TestMiddlewareLatency|TestProxyMatrix)$' ./...
+# The proxy matrix (clients/conformance/proxy-matrix.md): grpc-go through a
+# real nginx (scripts/nginx.sh, installed by scripts/test-deps.sh when
+# missing) in every profile; -v prints its "proxy-matrix:" lines.
+echo "== proxy matrix (idemd: $IDEMD_BIN, nginx: scripts/nginx.sh)"
+go test -count=1 ${GO_TEST_FLAGS:-} -run '^TestProxyMatrix$' -v . | grep -v '^=== RUN'
 echo "== consumer scenarios against a Kafka broker (examples/kafka-consumer, scripts/kafka.sh run)"
 # Its own module (franz-go stays out of the SDK's), so ./... above skips it.
 # IDEMD_TEST_KAFKA_REQUIRED: without a broker address the tests fail rather

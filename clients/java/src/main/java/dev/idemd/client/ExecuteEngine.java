@@ -22,6 +22,7 @@ import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.time.Instant;
 import java.util.concurrent.ThreadLocalRandom;
+import java.util.function.LongSupplier;
 import java.util.function.Supplier;
 
 /** The executor behind {@link IdemdClient#executeOnce} (docs/sdk.md, "Executor"). */
@@ -151,7 +152,9 @@ final class ExecuteEngine {
             .lease()
             .orElseGet(
                 () -> Duration.between(Instant.now(), toJava(claimed.getLeaseExpiresAt())));
+    long claimedUntil = System.nanoTime() + lease.toNanos();
     LeaseKeeper keeper = LeaseKeeper.start(client, endpoint, key, keyHash, token, lease);
+    LongSupplier leaseEnd = () -> keeper.leaseEnd(claimedUntil);
     HttpResponseSpec response;
     try {
       response = handler.handle(new Execution(endpoint, key, claimed.getAttempt()));
@@ -160,16 +163,16 @@ final class ExecuteEngine {
       }
     } catch (NoSideEffectException e) {
       keeper.stop();
-      throw fail(endpoint, key, keyHash, token, Disposition.DISPOSITION_RELEASE, e);
+      throw fail(leaseEnd, endpoint, key, keyHash, token, Disposition.DISPOSITION_RELEASE, e);
     } catch (Exception e) {
       keeper.stop();
       if (e instanceof InterruptedException) {
         Thread.currentThread().interrupt();
       }
-      throw fail(endpoint, key, keyHash, token, Disposition.DISPOSITION_UNKNOWN, e);
+      throw fail(leaseEnd, endpoint, key, keyHash, token, Disposition.DISPOSITION_UNKNOWN, e);
     } catch (Error e) {
       keeper.stop();
-      e.addSuppressed(fail(endpoint, key, keyHash, token, Disposition.DISPOSITION_UNKNOWN, e));
+      e.addSuppressed(fail(leaseEnd, endpoint, key, keyHash, token, Disposition.DISPOSITION_UNKNOWN, e));
       throw e;
     } finally {
       keeper.stop();
@@ -178,6 +181,7 @@ final class ExecuteEngine {
     StoredResponse stored = response.toProto();
     try {
       retrying(
+          leaseEnd,
           () ->
               client.complete(
                   CompleteRequest.newBuilder()
@@ -197,8 +201,8 @@ final class ExecuteEngine {
       if (code != Status.Code.FAILED_PRECONDITION && code != Status.Code.NOT_FOUND) {
         // Still our claim: record that the outcome is unknown rather than leave it to the lease.
         try {
-          client.fail(failRequest(endpoint, key, token, Disposition.DISPOSITION_UNKNOWN,
-              "the response could not be stored: " + code));
+          retrying(leaseEnd, () -> client.fail(failRequest(endpoint, key, token,
+              Disposition.DISPOSITION_UNKNOWN, "the response could not be stored: " + code)));
         } catch (StatusRuntimeException failError) {
           e.addSuppressed(failError);
         }
@@ -210,6 +214,7 @@ final class ExecuteEngine {
 
   /** Records the handler's failure and returns the error to surface. */
   private HandlerException fail(
+      LongSupplier leaseEnd,
       String endpoint,
       String key,
       String keyHash,
@@ -218,7 +223,7 @@ final class ExecuteEngine {
       Throwable cause) {
     String reason = truncateUtf8(describe(cause), MAX_REASON_BYTES);
     try {
-      retrying(() -> client.fail(failRequest(endpoint, key, token, disposition, reason)));
+      retrying(leaseEnd, () -> client.fail(failRequest(endpoint, key, token, disposition, reason)));
       return new HandlerException(cause, disposition, true);
     } catch (StatusRuntimeException e) {
       LOG.log(
@@ -244,16 +249,28 @@ final class ExecuteEngine {
         .build();
   }
 
-  /** Runs an idempotent fenced call, retrying transport errors. */
-  private <T> T retrying(Supplier<T> call) {
+  /**
+   * Runs an idempotent fenced call (Complete, Fail), retrying transport errors at least {@link
+   * #FENCED_CALL_RETRIES} times and beyond that for as long as the lease holds ({@code leaseEnd}, a
+   * {@link System#nanoTime()}): grpc-java reconnects in between. Giving up earlier would leave the
+   * key IN_PROGRESS until the lease expires (then UNKNOWN) although one more attempt would have
+   * recorded the outcome.
+   */
+  private <T> T retrying(LongSupplier leaseEnd, Supplier<T> call) {
     for (int attempt = 0; ; attempt++) {
       try {
         return call.get();
       } catch (StatusRuntimeException e) {
-        if (!isTransient(e) || attempt >= FENCED_CALL_RETRIES) {
+        if (!isTransient(e)) {
           throw e;
         }
-        sleep(fullJitter(attempt + 1, TRANSPORT_BACKOFF_BASE_NANOS, TRANSPORT_BACKOFF_CAP_NANOS));
+        long pause =
+            fullJitter(
+                Math.min(attempt + 1, 20), TRANSPORT_BACKOFF_BASE_NANOS, TRANSPORT_BACKOFF_CAP_NANOS);
+        if (attempt >= FENCED_CALL_RETRIES && System.nanoTime() + pause - leaseEnd.getAsLong() >= 0) {
+          throw e;
+        }
+        sleep(pause);
       }
     }
   }

@@ -40,6 +40,7 @@ import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.file.Path;
 import java.time.Duration;
+import java.util.Map;
 import java.util.Objects;
 import java.util.concurrent.CancellationException;
 import java.util.concurrent.ExecutionException;
@@ -262,7 +263,8 @@ public final class IdemdClient implements AutoCloseable {
   }
 
   /**
-   * Runs a raw RPC. On a channel of its own the client starts the call on the channel's transport
+   * Runs a raw RPC, sent again (within {@code deadline}) when the transport reports that the server
+   * never took it ({@link #unprocessed}). On a channel of its own the client starts the call on the channel's transport
    * thread: started elsewhere, its deadline timer, its first request for the response and its
    * write each hand a task to that thread, and on a busy core each can cost a wake-up of it; started
    * there, they are queued in place, and the call costs one wake-up of the transport thread and one
@@ -270,6 +272,59 @@ public final class IdemdClient implements AutoCloseable {
    * switches of the app's threads to ~9 (Jetty alone, without the filter: ~5).
    */
   private <T> T call(
+      Duration deadline, Function<IdempotencyGrpc.IdempotencyFutureStub, ListenableFuture<T>> rpc) {
+    long end = System.nanoTime() + deadline.toNanos();
+    for (int attempt = 1; ; attempt++) {
+      try {
+        return callOnce(deadline, rpc);
+      } catch (StatusRuntimeException e) {
+        if (attempt >= MAX_UNPROCESSED_ATTEMPTS || !unprocessed(e.getStatus())) {
+          throw e;
+        }
+        if (attempt > 2) {
+          // The connections keep refusing it: leave the channel a moment to bring up a new one.
+          try {
+            Thread.sleep(attempt * 5L);
+          } catch (InterruptedException interrupted) {
+            Thread.currentThread().interrupt();
+            throw e;
+          }
+        }
+        long left = end - System.nanoTime();
+        if (left <= 0) {
+          throw e;
+        }
+        deadline = Duration.ofNanos(left);
+      }
+    }
+  }
+
+  /** How many times {@link #call} sends a call that the server (or a proxy) never took. */
+  static final int MAX_UNPROCESSED_ATTEMPTS = 20;
+
+  /**
+   * Whether grpc-java's Netty transport reports {@code status} for a call the server never took: a
+   * stream above the last-stream-id of a GOAWAY with NO_ERROR ("Abrupt GOAWAY closed sent
+   * stream", which grpc-java itself treats as refused), one never sent ("... unsent stream",
+   * "GOAWAY closed buffered stream"), or one reset with REFUSED_STREAM. grpc-java retries such a
+   * call transparently once (gRFC A6); a second one surfaces as UNAVAILABLE, which a proxy that
+   * sends a GOAWAY every few requests (nginx's keepalive_requests) defeats at a few dozen calls in
+   * flight. Nothing reached idemd, so {@link #call} sends it again, within its deadline and below
+   * the executor's retries; an error the server may have seen (a connection that broke with the
+   * request on it) stays an error.
+   */
+  static boolean unprocessed(Status status) {
+    if (status.getCode() != Status.Code.UNAVAILABLE || status.getDescription() == null) {
+      return false;
+    }
+    String d = status.getDescription();
+    return d.startsWith("Abrupt GOAWAY closed sent stream. HTTP/2 error code: NO_ERROR")
+        || d.startsWith("Abrupt GOAWAY closed unsent stream")
+        || d.startsWith("GOAWAY closed buffered stream")
+        || d.startsWith("RST_STREAM closed stream. HTTP/2 error code: REFUSED_STREAM");
+  }
+
+  private <T> T callOnce(
       Duration deadline, Function<IdempotencyGrpc.IdempotencyFutureStub, ListenableFuture<T>> rpc) {
     IdempotencyGrpc.IdempotencyFutureStub stub = direct(deadline);
     if (transport == null) {
@@ -371,6 +426,10 @@ public final class IdemdClient implements AutoCloseable {
     private Path clientCertFile;
     private Path clientKeyFile;
     private Duration deadline = DEFAULT_DEADLINE;
+    private Duration keepAliveTime;
+    private Duration keepAliveTimeout;
+    private boolean keepAliveWithoutCalls;
+    private Map<String, String> environment = System.getenv();
 
     private Builder(String target, Channel channel) {
       this.target = target;
@@ -439,7 +498,43 @@ public final class IdemdClient implements AutoCloseable {
     }
 
     /**
+     * Sends HTTP/2 PINGs on a connection idle for {@code time} and drops it (the calls on it fail
+     * over to a new one) when a PING is not answered within {@code timeout}: it finds a connection
+     * a proxy or NAT dropped silently before a call is sent on it. Off unless set (grpc-java's
+     * default). A gRPC server may close a connection whose PINGs come more often than it permits
+     * (grpc-java's and grpc-go's servers default to every 5 minutes at most), so keep {@code time}
+     * at what the other side allows; grpc-java raises a {@code time} under 10 s to 10 s.
+     */
+    public Builder keepAlive(Duration time, Duration timeout) {
+      if (time.isNegative() || time.isZero() || timeout.isNegative() || timeout.isZero()) {
+        throw new IllegalArgumentException("keepalive time and timeout must be positive");
+      }
+      this.keepAliveTime = time;
+      this.keepAliveTimeout = timeout;
+      return this;
+    }
+
+    /** Whether {@link #keepAlive} PINGs also go out while no call is in flight (default false). */
+    public Builder keepAliveWithoutCalls(boolean enable) {
+      this.keepAliveWithoutCalls = enable;
+      return this;
+    }
+
+    /** The environment the proxy variables are read from (tests). */
+    Builder environment(Map<String, String> environment) {
+      this.environment = Objects.requireNonNull(environment, "environment");
+      return this;
+    }
+
+    /**
      * Creates the client.
+     *
+     * <p>A target that is resolved by DNS (the default {@code host:port}) goes through the HTTP
+     * CONNECT proxy of {@code grpc_proxy}, {@code https_proxy} ({@code HTTPS_PROXY}) or {@code
+     * http_proxy}, the first one set, unless {@code no_grpc_proxy} / {@code no_proxy} lists it, as
+     * in grpcio and grpc-js. Without them, grpc-java's own detection applies: the {@code
+     * https.proxyHost} / {@code https.proxyPort} system properties (through {@link
+     * java.net.ProxySelector}, with {@code http.nonProxyHosts}).
      *
      * @throws UncheckedIOException if the CA file, client certificate or key cannot be read
      * @throws IllegalStateException if a client certificate is combined with {@link #plaintext()}
@@ -483,15 +578,30 @@ public final class IdemdClient implements AutoCloseable {
         }
         credentials = tls.build();
       }
+      EnvProxyDetector proxy = EnvProxyDetector.fromEnvironment(environment);
       // A transport thread of its own, which the raw RPCs start on (IdemdClient.call).
       boolean epoll = Epoll.isAvailable();
       EventLoopGroup transport = new MultiThreadIoEventLoopGroup(1,
           new DefaultThreadFactory("idemd-transport", true),
           epoll ? EpollIoHandler.newFactory() : NioIoHandler.newFactory());
-      ManagedChannel managed = NettyChannelBuilder.forTarget(target, credentials)
+      NettyChannelBuilder netty = NettyChannelBuilder.forTarget(target, credentials)
           .eventLoopGroup(transport)
-          .channelType(epoll ? EpollSocketChannel.class : NioSocketChannel.class)
-          .build();
+          .channelType(epoll ? EpollSocketChannel.class : NioSocketChannel.class);
+      if (proxy != null) {
+        netty.proxyDetector(proxy);
+      }
+      if (keepAliveTime != null) {
+        netty.keepAliveTime(keepAliveTime.toNanos(), TimeUnit.NANOSECONDS)
+            .keepAliveTimeout(keepAliveTimeout.toNanos(), TimeUnit.NANOSECONDS)
+            .keepAliveWithoutCalls(keepAliveWithoutCalls);
+      }
+      ManagedChannel managed;
+      try {
+        managed = netty.build();
+      } catch (RuntimeException e) {
+        transport.shutdownGracefully(0, 0, TimeUnit.SECONDS);
+        throw e;
+      }
       return new IdemdClient(managed, managed, transport, this);
     }
 

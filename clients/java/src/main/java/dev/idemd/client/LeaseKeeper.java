@@ -25,6 +25,8 @@ final class LeaseKeeper {
   /** {@link System#nanoTime()} of the next extension; written by the timer thread once started. */
   private volatile long due;
   private volatile boolean stopped;
+  /** {@link System#nanoTime()} until which the last successful extension holds the lease, or 0. */
+  private volatile long extendedUntil;
 
   private LeaseKeeper(
       IdemdClient client,
@@ -82,18 +84,21 @@ final class LeaseKeeper {
       return;
     }
     try {
+      long sent = System.nanoTime();
       ListenableFuture<ExtendLeaseResponse> call =
           client.futureStub(callDeadline).extendLease(request);
-      call.addListener(() -> onDone(call), Runnable::run);
+      call.addListener(() -> onDone(call, sent), Runnable::run);
     } catch (RuntimeException e) {
       // The channel is shutting down: the timer thread must survive it for the other keepers.
       LOG.log(Level.DEBUG, "extending the lease of key_hash={0} failed: {1}", keyHash, e.toString());
     }
   }
 
-  private void onDone(ListenableFuture<ExtendLeaseResponse> call) {
+  private void onDone(ListenableFuture<ExtendLeaseResponse> call, long sent) {
     try {
       call.get();
+      // Counted from when the request left: a lower bound of the server's lease_expires_at.
+      extendedUntil = sent + 2 * period;
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
     } catch (ExecutionException e) {
@@ -118,6 +123,15 @@ final class LeaseKeeper {
             status.getCode());
       }
     }
+  }
+
+  /**
+   * {@link System#nanoTime()} until which the lease holds: {@code initial} (the claim's), or later
+   * when an extension succeeded.
+   */
+  long leaseEnd(long initial) {
+    long extended = extendedUntil;
+    return extended == 0 ? initial : Math.max(initial, extended);
   }
 
   void stop() {
