@@ -5,13 +5,15 @@
 # HTTP scenarios and mounted after a body reader, the HTTP example, the consumer project (the
 # README's Install commands on a copy of the files git ships, then a fresh project outside the
 # repository installs the packed tarball and runs a program, and the README's Kafka consumer block)
-# and the message-consumer helper against the shared consumer scenarios; all of them under
+# and the message-consumer helper against the shared consumer scenarios, and the proxy matrix
+# (test/proxy-matrix.test.ts: both transports through nginx, clients/conformance/proxy-matrix.md,
+# nginx from Debian's packages via scripts/nginx.sh); all of them under
 # scripts/kafka.sh run, which starts a throwaway one-node Kafka broker (jars from Maven Central,
 # cached; needs Java 17+ and mvn) and sets IDEMD_TEST_KAFKA_BROKERS; then, on their own, the replay
 # latency check (100 replays of a 1 KiB body, fails when the p50 is over 10 ms) and the middleware
 # latency test (fails when a fresh key adds more than 2 ms, p50, over the executor's own pair) and
-# the transport cost test (fails when the default transport's CPU per pair is over 0.8 of node:http2's
-# or 0.6 of grpc-js's).
+# the transport cost test (fails when the default transport's, node:http2's, CPU per pair is over
+# 0.8 of grpc-js's).
 #
 #   IDEMD_BIN=/path/to/idemd IDEMD_TEST_CERTS=/path/to/test-certs clients/typescript/test.sh
 #

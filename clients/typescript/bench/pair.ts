@@ -12,7 +12,8 @@ import { randomBytes } from "node:crypto";
 import { IdemdClient } from "../src";
 
 const BODY = '{"amount":4200,"currency":"usd","customer":"cus_8812"}';
-const TRANSPORTS = ["grpc-js", "node-http2", "http2"] as const;
+/** The default (node:http2) and grpc-js; `http2` is the default's old name. */
+const TRANSPORTS = ["grpc-js", "node-http2"] as const;
 
 function arg(name: string, fallback?: string): string {
   const i = process.argv.indexOf(`--${name}`);

@@ -10,8 +10,7 @@ import {
   type ServiceError,
 } from "@grpc/grpc-js";
 import { RpcError } from "./errors";
-import { H2Transport } from "./h2";
-import { Http2Transport, parseTarget } from "./transport";
+import { Http2Transport, parseTarget, proxyFor } from "./transport";
 import { executeOnce, type ExecuteOnceOptions, type ExecuteResult } from "./executor";
 import {
   ClaimRequest,
@@ -80,18 +79,39 @@ export interface IdemdClientOptions {
    */
   channelOptions?: ChannelOptions;
   /**
-   * What carries the RPCs. `"http2"` (the default): the SDK's own unary gRPC transport, HTTP/2
-   * framed by the SDK on one socket per client (src/h2.ts), a third of the CPU of a grpc-js call
-   * and the fastest path for the executor and the middleware. `"node-http2"`: the same gRPC over
-   * one `node:http2` session per client (about half of grpc-js's CPU), should the SDK's framing
-   * and a server or proxy disagree. `"grpc-js"`: the grpc-js channel of {@link IdemdClient.raw}
-   * (its channel options, name resolvers and proxy support); also the default when
-   * `channelOptions` are set or the address is not `host:port` / `dns:///host:port`.
+   * What carries the RPCs. `"node-http2"` (the default; `"http2"` is the same, the name of the
+   * default before issue 51): the SDK's unary gRPC over one `node:http2` session per client
+   * (Node's nghttp2 does the HTTP/2), which waits for the server's SETTINGS, keeps to its stream
+   * limit and moves the calls a server or proxy never took (REFUSED_STREAM, above a GOAWAY's
+   * last stream) to a new connection; about half of grpc-js's CPU per call. `"grpc-js"`: the
+   * grpc-js channel of {@link IdemdClient.raw} (its channel options and name resolvers); also the
+   * default when `channelOptions` are set or the address is not `host:port` / `dns:///host:port`.
    */
-  transport?: "http2" | "node-http2" | "grpc-js";
+  transport?: "node-http2" | "http2" | "grpc-js";
+  /**
+   * HTTP CONNECT proxy of the `node-http2` transport, `http://[user:password@]host:port`; `false`:
+   * none. Default, as grpc-js: `grpc_proxy`, `https_proxy` or `http_proxy` from the environment,
+   * unless the address's host is in `no_grpc_proxy` / `no_proxy`. (grpc-js reads only the
+   * environment: with `transport: "grpc-js"` a URL here is refused, `false` turns its proxy off.)
+   */
+  proxy?: string | false;
+  /**
+   * Interval of keepalive PINGs on the open connection, in ms (default: none). A connection whose
+   * PING is not answered within `keepaliveTimeoutMs` is closed and the next call reconnects; with
+   * grpc-js these are `grpc.keepalive_time_ms` / `grpc.keepalive_timeout_ms`, PINGs without calls allowed.
+   */
+  keepaliveMs?: number;
+  /** How long a keepalive PING may go unanswered (default 20 000 ms). */
+  keepaliveTimeoutMs?: number;
 }
 
 const DEFAULT_DEADLINE_MS = 10_000;
+/**
+ * Test hook (not API): `{ [TRANSPORT_FIX]: false }` in the options turns off what the node-http2
+ * transport does for proxies (wait for SETTINGS, move calls never taken), for the proxy matrix's
+ * test of its own check.
+ */
+export const TRANSPORT_FIX = Symbol.for("idemd.transportFix");
 const USER_AGENT = "idemd-typescript/0.1.0";
 
 /**
@@ -105,8 +125,8 @@ export class IdemdClient implements ExecutorClient {
   readonly deadlineMs: number;
   private readonly token: string | undefined;
   private readonly tenantId: string | undefined;
-  /** The SDK's own transport (its framing or node:http2), or undefined when the RPCs go through grpc-js. */
-  private readonly http2: H2Transport | Http2Transport | undefined;
+  /** The node:http2 transport, or undefined when the RPCs go through grpc-js. */
+  private readonly http2: Http2Transport | undefined;
 
   constructor(options: IdemdClientOptions) {
     if (!options.address) throw new TypeError("IdemdClient: address is required");
@@ -119,10 +139,16 @@ export class IdemdClient implements ExecutorClient {
       channelOptions["grpc.ssl_target_name_override"] = tls.serverNameOverride;
       channelOptions["grpc.default_authority"] = tls.serverNameOverride;
     }
+    if (options.keepaliveMs) {
+      channelOptions["grpc.keepalive_time_ms"] ??= options.keepaliveMs;
+      channelOptions["grpc.keepalive_timeout_ms"] ??= options.keepaliveTimeoutMs ?? 20_000;
+      channelOptions["grpc.keepalive_permit_without_calls"] ??= 1;
+    }
+    if (options.proxy === false) channelOptions["grpc.enable_http_proxy"] = 0;
     const pems = tlsPems(tls);
     // grpc-js connects on its first call only, so an unused `raw` costs no connection.
     this.raw = new GeneratedIdempotencyClient(options.address, channelCredentials(tls, pems), channelOptions);
-    const transport = options.transport ?? (options.channelOptions === undefined ? "http2" : "grpc-js");
+    const transport = options.transport ?? (options.channelOptions === undefined ? "node-http2" : "grpc-js");
     const target = parseTarget(options.address);
     if ((transport === "http2" || transport === "node-http2") && target !== undefined) {
       const headers: Record<string, string> = {
@@ -132,16 +158,22 @@ export class IdemdClient implements ExecutorClient {
       };
       if (this.token !== undefined) headers.authorization = `Bearer ${this.token}`;
       if (this.tenantId !== undefined) headers["x-tenant-id"] = this.tenantId;
-      this.http2 = new (transport === "http2" ? H2Transport : Http2Transport)({
+      this.http2 = new Http2Transport({
         target,
         tls: tls === false ? undefined : {
           ...(pems?.ca ? { ca: pems.ca } : {}),
           ...(pems?.cert && pems.key ? { cert: pems.cert, key: pems.key } : {}),
         },
         serverNameOverride: typeof tls === "object" ? tls.serverNameOverride : undefined,
+        proxy: proxyFor(target.host, options.proxy),
+        keepaliveMs: options.keepaliveMs,
+        keepaliveTimeoutMs: options.keepaliveTimeoutMs,
+        robust: (options as { [TRANSPORT_FIX]?: boolean })[TRANSPORT_FIX],
       }, headers);
     } else if (options.transport === "http2" || options.transport === "node-http2") {
       throw new TypeError(`IdemdClient: the ${transport} transport dials host:port or dns:///host:port, not ${options.address}`);
+    } else if (typeof options.proxy === "string") {
+      throw new TypeError("IdemdClient: grpc-js takes its proxy from grpc_proxy / https_proxy only; set that, or use the node-http2 transport");
     }
   }
 
@@ -253,17 +285,32 @@ export class IdemdClient implements ExecutorClient {
     if (signal?.aborted) {
       return Promise.reject(signal.reason ?? new Error("aborted"));
     }
-    return new Promise<Res>((resolve, reject) => {
-      const deadline = new Date(Date.now() + (options?.deadlineMs ?? this.deadlineMs));
+    const deadline = new Date(Date.now() + (options?.deadlineMs ?? this.deadlineMs));
+    const attempt = (moves: number): Promise<Res> => new Promise<Res>((resolve, reject) => {
       const onAbort = (): void => call.cancel();
       const call = start(this.callMetadata(options?.metadata), { deadline }, (error, response) => {
         signal?.removeEventListener("abort", onAbort);
-        if (error) reject(RpcError.fromServiceError(error));
-        else resolve(response);
+        if (!error) resolve(response);
+        // A stream the server refused (RST_STREAM REFUSED_STREAM, or above a GOAWAY's last
+        // stream: nghttp2 closes those with that code) was never processed. grpc-js sends such
+        // a call again once; through a proxy that sends GOAWAY every few requests that is not
+        // enough, so the call goes again, as the node-http2 transport does, within its deadline.
+        else if (isRefused(error) && moves < MAX_REFUSED_MOVES && Date.now() < deadline.getTime() && !signal?.aborted) {
+          resolve(attempt(moves + 1));
+        } else reject(RpcError.fromServiceError(error));
       });
       signal?.addEventListener("abort", onAbort, { once: true });
     });
+    return attempt(0);
   }
+}
+
+/** How often a grpc-js call refused by the server is sent again. */
+const MAX_REFUSED_MOVES = 100;
+
+/** grpc-js's report of a stream the server refused (RST_STREAM REFUSED_STREAM), never processed. */
+function isRefused(error: ServiceError): boolean {
+  return error.code === GrpcStatus.UNAVAILABLE && error.details === "Stream refused by server";
 }
 
 interface Pems {

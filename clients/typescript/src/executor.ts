@@ -249,6 +249,9 @@ async function runClaimed(
   const lost = new AbortController();
   const keeper = new LeaseKeeper(client, fenced, leaseMs, lost);
   keeper.start();
+  // Complete and Fail are retried on a transport error until the lease ends (at least
+  // `retries` times): a key is not left IN_PROGRESS because one connection went away.
+  const deliver = <T>(call: () => Promise<T>): Promise<T> => withTransportRetries(retries, undefined, call, () => keeper.expiresAt);
 
   let stored: StoredResponse;
   try {
@@ -263,12 +266,10 @@ async function runClaimed(
   } catch (err) {
     keeper.stop();
     if (err instanceof NoSideEffectError) {
-      await quietly(withTransportRetries(retries, undefined, () =>
-        client.fail({ ...fenced, disposition: Disposition.DISPOSITION_RELEASE }),
-      ));
+      await quietly(deliver(() => client.fail({ ...fenced, disposition: Disposition.DISPOSITION_RELEASE })));
     } else {
       // Ambiguous: the side effect may have happened. Never release.
-      await quietly(withTransportRetries(retries, undefined, () =>
+      await quietly(deliver(() =>
         client.fail({ ...fenced, disposition: Disposition.DISPOSITION_UNKNOWN, reason: failReason(err) }),
       ));
     }
@@ -277,17 +278,27 @@ async function runClaimed(
   keeper.stop();
 
   try {
-    await withTransportRetries(retries, undefined, () => client.complete({ ...fenced, response: stored }));
+    await deliver(() => client.complete({ ...fenced, response: stored }));
   } catch (err) {
     // LEASE_LOST / ALREADY_COMPLETED / NOT_IN_PROGRESS: the record is someone else's now.
-    // Anything else (response over the size cap, ...): the side effect happened but its
-    // response cannot be stored, so the outcome is recorded as unknown for reconciliation.
+    // Anything else (response over the size cap, a transport that failed until the lease
+    // ended, ...): the side effect happened but its response may not be stored, so the outcome
+    // is recorded as unknown for reconciliation.
     if (!(err instanceof RpcError && err.code === GrpcStatus.FAILED_PRECONDITION)) {
-      await quietly(client.fail({
-        ...fenced,
-        disposition: Disposition.DISPOSITION_UNKNOWN,
-        reason: capReason(`the response could not be stored: ${errorText(err)}`),
-      }));
+      try {
+        await deliver(() => client.fail({
+          ...fenced,
+          disposition: Disposition.DISPOSITION_UNKNOWN,
+          reason: capReason(`the response could not be stored: ${errorText(err)}`),
+        }));
+      } catch (failErr) {
+        // A Complete whose answer was lost did store the response (a retried Complete with the
+        // same response is idempotent; Fail then finds the key completed under our lease): the
+        // caller must not see a failure for a COMPLETED key.
+        if (failErr instanceof RpcError && failErr.code === GrpcStatus.FAILED_PRECONDITION && failErr.reason === "ALREADY_COMPLETED") {
+          return { response: toHttpResponse(stored), replayed: false, attempt: claimed.attempt };
+        }
+      }
     }
     throw err;
   }
@@ -298,13 +309,17 @@ async function runClaimed(
 class LeaseKeeper {
   private timer: NodeJS.Timeout | undefined;
   private stopped = false;
+  /** When the lease ends by the local clock (measured from before the call that set it). */
+  expiresAt: number;
 
   constructor(
     private readonly client: ExecutorClient,
     private readonly fenced: { endpoint: string; key: string; leaseToken: string },
     private readonly leaseMs: number,
     private readonly lost: AbortController,
-  ) {}
+  ) {
+    this.expiresAt = Date.now() + leaseMs;
+  }
 
   start(): void {
     this.schedule(this.leaseMs / 2);
@@ -321,11 +336,13 @@ class LeaseKeeper {
   }
 
   private async extend(): Promise<void> {
+    const sent = Date.now();
     try {
       await this.client.extendLease(
         { ...this.fenced, lease: toDuration(this.leaseMs) },
         { deadlineMs: Math.min(this.client.deadlineMs, this.leaseMs / 2) },
       );
+      this.expiresAt = Math.max(this.expiresAt, sent + this.leaseMs);
       this.schedule(this.leaseMs / 2);
     } catch (err) {
       if (this.stopped) return;
@@ -340,20 +357,27 @@ class LeaseKeeper {
   }
 }
 
+/**
+ * `call`, again on a transport error, at most `retries` times, or, with `until`, as often as it
+ * takes until that time (a lease's end) once those are spent.
+ */
 async function withTransportRetries<T>(
   retries: number,
   signal: AbortSignal | undefined,
   call: () => Promise<T>,
+  until?: () => number,
 ): Promise<T> {
   for (let attempt = 0; ; attempt++) {
     try {
       return await call();
     } catch (err) {
-      if (!isTransient(err, signal) || attempt >= retries || signal?.aborted) {
+      const left = until ? until() - Date.now() : 0;
+      if (!isTransient(err, signal) || (attempt >= retries && left <= 0) || signal?.aborted) {
         throw err;
       }
       const capMs = Math.min(TRANSPORT_BACKOFF_CAP_MS, TRANSPORT_BACKOFF_BASE_MS * 2 ** attempt);
-      await sleep(Math.random() * capMs, undefined, { signal });
+      const delay = Math.random() * capMs;
+      await sleep(attempt >= retries ? Math.min(delay, left) : delay, undefined, { signal });
     }
   }
 }

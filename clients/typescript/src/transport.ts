@@ -1,15 +1,28 @@
 /**
- * The client's `"node-http2"` unary gRPC transport: one `node:http2` session per client, one
- * stream per call. The default is h2.ts (the same gRPC, HTTP/2 framed by the SDK, for about two
- * thirds of this one's CPU per call); this one stays as the fallback, and holds the gRPC parts
- * both share (status and error mapping, grpc-timeout, the receive limit).
+ * The client's default unary gRPC transport (`"node-http2"`, also named `"http2"`): HTTP/2 from
+ * Node's own `node:http2` (nghttp2: framing, HPACK, flow control, SETTINGS), one session per
+ * client at a time, one stream per call. What it adds on top is what a proxy in the way needs
+ * (issue 51, clients/conformance/proxy-matrix.md):
+ *
+ * - **The server's SETTINGS first.** No stream is opened before the server's SETTINGS arrived,
+ *   and never more at once than its SETTINGS_MAX_CONCURRENT_STREAMS; the calls above it wait in
+ *   the client's queue (in order) for a stream to end, under their own deadline.
+ * - **A call the server never took moves to a new connection**, without an error and without
+ *   spending the executor's retries: a stream refused (RST_STREAM REFUSED_STREAM), one above the
+ *   last-stream-id of a GOAWAY, one the session could not open any more (it was going away).
+ *   A GOAWAY sends the later calls to a new session; the streams it took end on the old one.
+ * - **A proxy**, as grpc-js finds it: `grpc_proxy`, then `https_proxy`, then `http_proxy`
+ *   (an `http://` URL, user:password as Proxy-Authorization), unless the host is in
+ *   `no_grpc_proxy` / `no_proxy` (suffixes or IPv4 CIDRs); an HTTP CONNECT tunnel, TLS to idemd
+ *   inside it. `proxy` in the options overrides the environment.
+ * - **Keepalive PINGs** when `keepaliveMs` is set: a connection whose PING is not answered within
+ *   `keepaliveTimeoutMs` is closed (its calls fail `UNAVAILABLE`, the next ones reconnect).
  *
  * Why not grpc-js for these calls: every idemd RPC is unary, and grpc-js spends 0.3–0.5 ms of
- * CPU per call in its channel, resolver, load-balancing and filter stack (a Claim + Complete pair
- * took 2.1–2.6 ms from Node against ~1.0 ms from Go on the same idemd) where the same bytes over
- * bare `node:http2` cost 0.15–0.19 ms. The middleware makes that pair on every fresh key, so it
- * is what a request pays. grpc-js stays as `IdemdClient.raw` and as the `transport: "grpc-js"`
- * option (for its channel options, name resolution and proxies).
+ * CPU per call in its channel, resolver, load-balancing and filter stack; the same bytes over
+ * bare `node:http2` cost about half of that (bench/pair.ts). The middleware makes a Claim +
+ * Complete pair on every fresh key. grpc-js stays as `IdemdClient.raw` and as the
+ * `transport: "grpc-js"` option (its channel options and name resolvers).
  *
  * What this keeps of gRPC over HTTP/2 (https://github.com/grpc/grpc/blob/master/doc/PROTOCOL-HTTP2.md):
  * length-prefixed messages, `content-type: application/grpc`, `te: trailers`, `grpc-timeout`
@@ -17,6 +30,7 @@
  * percent-encoded `grpc-message`, `-bin` metadata, and the same status codes grpc-js reports for
  * HTTP errors, stream resets and dropped connections.
  */
+import * as http from "node:http";
 import * as http2 from "node:http2";
 import * as net from "node:net";
 import * as tls from "node:tls";
@@ -59,6 +73,25 @@ export interface Http2TransportOptions {
   tls: tls.ConnectionOptions | undefined;
   /** Name the server certificate must carry and `:authority`, when not the target's host. */
   serverNameOverride?: string;
+  /** HTTP CONNECT proxy to tunnel through (see {@link proxyFor}); undefined: a direct connection. */
+  proxy?: ProxyInfo;
+  /** Interval of keepalive PINGs on an open connection, in ms; undefined or 0: none. */
+  keepaliveMs?: number;
+  /** How long a keepalive PING may go unanswered before the connection is closed (default 20 000 ms). */
+  keepaliveTimeoutMs?: number;
+  /**
+   * Test hook: false turns off waiting for the server's SETTINGS and moving calls it never took
+   * (how node:http2 alone behaves), so that the proxy matrix can show that it fails without them.
+   */
+  robust?: boolean;
+}
+
+/** An HTTP CONNECT proxy. */
+export interface ProxyInfo {
+  host: string;
+  port: number;
+  /** `user:password` for `Proxy-Authorization: Basic`, when the URL carried them. */
+  credentials?: string;
 }
 
 /** grpc-js's default receive limit, kept so that a response it would refuse is refused here too. */
@@ -83,94 +116,215 @@ export interface UnaryCall {
   metadata?: Metadata;
 }
 
+/**
+ * How often one call may move to a new connection before its failure is reported (a server
+ * that refuses everything); the call's deadline bounds the moves too.
+ */
+const MAX_MOVES = 100;
+const DEFAULT_KEEPALIVE_TIMEOUT_MS = 20_000;
+
+/** One connection: its session (once dialed), what the server allows and what is open on it. */
+class Connection {
+  session: http2.ClientHttp2Session | undefined;
+  /** The server's SETTINGS arrived: streams may be opened. */
+  ready = false;
+  /** The server's SETTINGS_MAX_CONCURRENT_STREAMS (unlimited when it sends none). */
+  maxStreams = Infinity;
+  /** Streams opened and not yet closed. */
+  active = 0;
+  /** GOAWAY received, closed or failed: no new stream goes here. */
+  gone = false;
+  /** The last-stream-id of the server's GOAWAY: the streams above it were never processed. */
+  lastStreamId: number | undefined;
+  error: Error | undefined;
+  keepalive: NodeJS.Timeout | undefined;
+}
+
+/** A call waiting for a stream, or on one. */
+interface Pending {
+  /** Order of arrival: a call moved to a new connection keeps its place in the queue. */
+  seq: number;
+  call: UnaryCall;
+  deadline: number;
+  resolve: (message: Uint8Array) => void;
+  reject: (error: RpcError) => void;
+  settled: boolean;
+  stream: http2.ClientHttp2Stream | undefined;
+  moves: number;
+  unwatch: (() => void) | undefined;
+}
+
 export class Http2Transport {
-  private session: http2.ClientHttp2Session | undefined;
+  private connection: Connection | undefined;
+  private readonly queue: Pending[] = [];
+  private seq = 0;
   private closed = false;
   private readonly authority: string;
   private readonly scheme: "http" | "https";
+  private readonly robust: boolean;
 
   constructor(private readonly options: Http2TransportOptions, private readonly baseHeaders: http2.OutgoingHttpHeaders) {
     const { host, port } = options.target;
     this.authority = options.serverNameOverride ?? (net.isIPv6(host) ? `[${host}]:${port}` : `${host}:${port}`);
     this.scheme = options.tls ? "https" : "http";
+    this.robust = options.robust ?? true;
   }
 
   /** Sends one request message and resolves to the response message's bytes. */
   unary(call: UnaryCall): Promise<Uint8Array> {
     return new Promise<Uint8Array>((resolve, reject) => {
-      const deadline = Date.now() + call.deadlineMs;
-      let stream: http2.ClientHttp2Stream;
-      try {
-        stream = this.request(call, deadline);
-      } catch (err) {
-        reject(new RpcError(GrpcStatus.UNAVAILABLE, errorText(err), new Metadata(), { cause: err }));
+      if (this.closed) {
+        reject(new RpcError(GrpcStatus.UNAVAILABLE, "the client was closed"));
         return;
       }
-      const session = stream.session!;
-      const chunks: Buffer[] = [];
-      let received = 0;
-      let httpStatus = 0;
-      let statusHeaders: http2.IncomingHttpHeaders | undefined;
-      let streamError: Error | undefined;
-      let settled = false;
-      let unwatch: (() => void) | undefined;
-
-      const finish = (error: RpcError | undefined, message?: Uint8Array): void => {
-        if (settled) return;
-        settled = true;
-        unwatch?.();
-        if (error) reject(error);
-        else resolve(message!);
+      const pending: Pending = {
+        seq: this.seq++,
+        call, deadline: Date.now() + call.deadlineMs, resolve, reject, settled: false, stream: undefined, moves: 0, unwatch: undefined,
       };
-      // Ends the call locally with `code` and resets the stream so that the server stops too.
-      const cancel = (code: GrpcStatus, details: string): void => {
-        finish(new RpcError(code, details));
-        if (!stream.closed) stream.close(http2.constants.NGHTTP2_CANCEL);
-      };
-      unwatch = watchCall(deadline, call.signal, cancel);
-
-      stream.on("response", (headers) => {
-        httpStatus = Number(headers[":status"]);
-        if (headers["grpc-status"] !== undefined) statusHeaders = headers; // trailers-only
+      pending.unwatch = watchCall(pending.deadline, call.signal, (code, details) => {
+        if (pending.settled) return;
+        const stream = pending.stream;
+        if (stream === undefined) this.unqueue(pending);
+        settle(pending, new RpcError(code, details));
+        // Reset the stream so that the server stops too.
+        if (stream !== undefined && !stream.closed) stream.close(http2.constants.NGHTTP2_CANCEL);
       });
-      stream.on("trailers", (trailers) => {
-        statusHeaders = trailers;
-      });
-      stream.on("data", (chunk: Buffer) => {
-        received += chunk.length;
-        if (received > MAX_RECEIVE_BYTES + 5) {
-          cancel(GrpcStatus.RESOURCE_EXHAUSTED, `Received message larger than max (${received - 5} vs. ${MAX_RECEIVE_BYTES})`);
-          return;
-        }
-        chunks.push(chunk);
-      });
-      stream.on("error", (err) => {
-        streamError = err;
-      });
-      stream.on("close", () => {
-        if (settled) return;
-        if (statusHeaders) {
-          const error = statusError(statusHeaders);
-          if (error) finish(error);
-          else finish(...responseMessage(chunks, received, statusHeaders));
-        } else if (httpStatus !== 0 && httpStatus !== 200) {
-          finish(new RpcError(...httpStatusCode(httpStatus)));
-        } else {
-          finish(resetError(stream.rstCode, streamError, session.destroyed || session.closed));
-        }
-      });
+      if (pending.settled) return; // an expired deadline
+      this.queue.push(pending);
+      this.pump();
     });
   }
 
-  /** Closes the session; calls in flight end with `UNAVAILABLE`, later calls fail likewise. */
+  /** Closes the session; calls in flight and waiting end with `UNAVAILABLE`, later calls fail likewise. */
   close(): void {
     this.closed = true;
-    this.session?.destroy();
-    this.session = undefined;
+    const connection = this.connection;
+    this.connection = undefined;
+    this.failQueue(new RpcError(GrpcStatus.UNAVAILABLE, "the client was closed"));
+    if (connection) this.drop(connection, undefined, true);
   }
 
-  private request(call: UnaryCall, deadline: number): http2.ClientHttp2Stream {
-    if (this.closed) throw new Error("the client was closed");
+  /** Opens streams for the waiting calls, as many as the server allows. */
+  private pump(): void {
+    while (this.queue.length > 0 && !this.closed) {
+      const connection = this.current();
+      if (this.queue.length === 0) return; // dialing ran the queue already (fix off)
+      if (this.robust && (!connection.ready || connection.active >= connection.maxStreams)) return;
+      if (!this.robust && connection.session === undefined) return;
+      this.start(this.queue.shift()!, connection);
+    }
+  }
+
+  /** The connection new streams go to, dialing one when there is none or the last one went away. */
+  private current(): Connection {
+    const existing = this.connection;
+    if (existing && !existing.gone) return existing;
+    const connection = new Connection();
+    this.connection = connection;
+    const proxy = this.options.proxy;
+    if (proxy === undefined) {
+      this.open(connection, dial(this.options));
+    } else {
+      tunnel(proxy, this.options.target).then(
+        (socket) => {
+          if (connection.gone) socket.destroy();
+          else this.open(connection, this.options.tls ? wrapTls(this.options, socket) : socket);
+        },
+        (err: Error) => this.drop(connection, err),
+      );
+    }
+    return connection;
+  }
+
+  private open(connection: Connection, socket: net.Socket): void {
+    const session = http2.connect(`${this.scheme}://${this.authority}`, {
+      settings: { enablePush: false, initialWindowSize: WINDOW_BYTES },
+      createConnection: () => socket,
+    });
+    connection.session = session;
+    // Failures reach the calls through their streams; without a listener an "error" would throw.
+    session.on("error", (err) => {
+      connection.error ??= err;
+    });
+    session.once("connect", () => session.setLocalWindowSize(WINDOW_BYTES));
+    session.on("remoteSettings", (settings) => {
+      connection.maxStreams = settings.maxConcurrentStreams ?? Infinity;
+      connection.ready = true;
+      this.pump();
+    });
+    session.once("goaway", (_code: number, lastStreamId: number) => {
+      connection.lastStreamId = lastStreamId;
+      this.drop(connection);
+    });
+    session.once("close", () => this.drop(connection));
+    // A socket that fails or closes while no stream is open (e.g. TLS 1.3 refusing a missing
+    // client certificate after the handshake) ends the session without its "close" event: the
+    // connection is gone all the same.
+    socket.once("error", (err) => this.drop(connection, err, true));
+    socket.once("close", () => this.drop(connection, undefined, true));
+    const every = this.options.keepaliveMs ?? 0;
+    if (every > 0) {
+      const timeoutMs = this.options.keepaliveTimeoutMs ?? DEFAULT_KEEPALIVE_TIMEOUT_MS;
+      connection.keepalive = setInterval(() => {
+        if (session.destroyed || session.closed || !connection.ready) return;
+        const timer = setTimeout(() => session.destroy(new Error("keepalive PING not answered")), timeoutMs);
+        timer.unref();
+        try {
+          session.ping(() => clearTimeout(timer));
+        } catch {
+          clearTimeout(timer);
+        }
+      }, every);
+      connection.keepalive.unref();
+    }
+    // An idle client must not keep the process alive; a call in flight does through its timer.
+    session.unref();
+    if (!this.robust) this.pump();
+  }
+
+  /**
+   * `connection` takes no more streams (GOAWAY, closed, failed to connect, or the client was
+   * closed: `destroy`). The calls waiting go to a new connection, unless this one never came up:
+   * then the server is unreachable and they fail, as a call on a lost connection does.
+   */
+  private drop(connection: Connection, error?: Error, destroy = false): void {
+    const first = !connection.gone;
+    connection.gone = true;
+    connection.error ??= error;
+    if (this.connection === connection) this.connection = undefined;
+    if (destroy || connection.session?.destroyed || connection.session?.closed) clearInterval(connection.keepalive);
+    if (destroy) connection.session?.destroy();
+    else if (first && connection.session && !connection.session.closed && connection.active === 0) connection.session.close();
+    if (!first) return;
+    if (!connection.ready && this.queue.length > 0) {
+      const cause = connection.error;
+      this.failQueue(new RpcError(GrpcStatus.UNAVAILABLE, cause ? errorText(cause) : "Connection dropped", new Metadata(), { cause }));
+      return;
+    }
+    this.pump();
+  }
+
+  /**
+   * Back into the queue, in its place by arrival: the oldest calls get the next connection's
+   * first streams, which a server that takes N requests per connection processes.
+   */
+  private requeue(pending: Pending): void {
+    let i = 0;
+    while (i < this.queue.length && this.queue[i]!.seq < pending.seq) i++;
+    this.queue.splice(i, 0, pending);
+  }
+
+  private unqueue(pending: Pending): void {
+    const i = this.queue.indexOf(pending);
+    if (i >= 0) this.queue.splice(i, 1);
+  }
+
+  private failQueue(error: RpcError): void {
+    for (const pending of this.queue.splice(0)) settle(pending, error);
+  }
+
+  private start(pending: Pending, connection: Connection): void {
+    const { call, deadline } = pending;
     const headers: http2.OutgoingHttpHeaders = {
       ...(call.metadata ? call.metadata.toHttp2Headers() : undefined),
       ...this.baseHeaders,
@@ -185,39 +339,164 @@ export class Http2Transport {
     frame.set(call.body, 5);
     let stream: http2.ClientHttp2Stream;
     try {
-      stream = this.connection().request(headers, { endStream: false });
-    } catch {
-      // The session went away (GOAWAY, closed socket) before its "close" event reached us:
-      // one new session, once.
-      this.dropSession();
-      stream = this.connection().request(headers, { endStream: false });
+      stream = connection.session!.request(headers, { endStream: false });
+    } catch (err) {
+      // The session went away (GOAWAY, closed socket) before its event reached us: the request
+      // was never sent, so it waits for the next connection.
+      this.drop(connection, err as Error);
+      if (pending.moves++ < MAX_MOVES || !this.robust) {
+        this.requeue(pending);
+      } else {
+        settle(pending, new RpcError(GrpcStatus.UNAVAILABLE, errorText(err), new Metadata(), { cause: err }));
+      }
+      return;
     }
+    connection.active += 1;
+    pending.stream = stream;
     stream.end(frame);
-    return stream;
-  }
 
-  /** The shared session, connecting when there is none or the last one went away. */
-  private connection(): http2.ClientHttp2Session {
-    const current = this.session;
-    if (current && !current.closed && !current.destroyed) return current;
-    const session = http2.connect(`${this.scheme}://${this.authority}`, {
-      settings: { enablePush: false, initialWindowSize: WINDOW_BYTES },
-      createConnection: () => dial(this.options),
+    const chunks: Buffer[] = [];
+    let received = 0;
+    let httpStatus = 0;
+    let statusHeaders: http2.IncomingHttpHeaders | undefined;
+    let streamError: Error | undefined;
+    const cancel = (code: GrpcStatus, details: string): void => {
+      settle(pending, new RpcError(code, details));
+      if (!stream.closed) stream.close(http2.constants.NGHTTP2_CANCEL);
+    };
+    stream.on("response", (responseHeaders) => {
+      httpStatus = Number(responseHeaders[":status"]);
+      if (responseHeaders["grpc-status"] !== undefined) statusHeaders = responseHeaders; // trailers-only
     });
-    // Failures reach the calls through their streams; without a listener an "error" would throw.
-    session.on("error", () => {});
-    session.once("connect", () => session.setLocalWindowSize(WINDOW_BYTES));
-    session.once("goaway", () => this.dropSession(session));
-    session.once("close", () => this.dropSession(session));
-    // An idle client must not keep the process alive; a call in flight does through its timer.
-    session.unref();
-    this.session = session;
-    return session;
+    stream.on("trailers", (trailers) => {
+      statusHeaders = trailers;
+    });
+    stream.on("data", (chunk: Buffer) => {
+      received += chunk.length;
+      if (received > MAX_RECEIVE_BYTES + 5) {
+        cancel(GrpcStatus.RESOURCE_EXHAUSTED, `Received message larger than max (${received - 5} vs. ${MAX_RECEIVE_BYTES})`);
+        return;
+      }
+      chunks.push(chunk);
+    });
+    stream.on("error", (err) => {
+      streamError = err;
+    });
+    stream.on("close", () => {
+      connection.active -= 1;
+      if (connection.gone && connection.active === 0 && connection.session && !connection.session.closed) connection.session.close();
+      if (!pending.settled) {
+        if (statusHeaders) {
+          const error = statusError(statusHeaders);
+          if (error) settle(pending, error);
+          else settle(pending, ...responseMessage(chunks, received, statusHeaders));
+        } else if (httpStatus !== 0 && httpStatus !== 200) {
+          settle(pending, new RpcError(...httpStatusCode(httpStatus)));
+        } else if (this.robust && httpStatus === 0 && neverTaken(stream, connection) && pending.moves < MAX_MOVES && !this.closed) {
+          // Refused, or above the GOAWAY's last stream: the server never saw it. Again, elsewhere.
+          pending.moves += 1;
+          pending.stream = undefined;
+          this.requeue(pending);
+        } else {
+          const session = connection.session!;
+          settle(pending, resetError(stream.rstCode, streamError, session.destroyed || session.closed));
+        }
+      }
+      this.pump();
+    });
   }
+}
 
-  private dropSession(session: http2.ClientHttp2Session | undefined = this.session): void {
-    if (session !== undefined && this.session === session) this.session = undefined;
+/** Ends a waiting or running call once. */
+function settle(pending: Pending, error: RpcError | undefined, message?: Uint8Array): void {
+  if (pending.settled) return;
+  pending.settled = true;
+  pending.unwatch?.();
+  if (error) pending.reject(error);
+  else pending.resolve(message!);
+}
+
+/**
+ * True when the server never processed the stream, so that the call can be sent again without
+ * the risk of running twice: it refused it (REFUSED_STREAM), it is above the last-stream-id of
+ * the server's GOAWAY, or it never got a stream id.
+ */
+function neverTaken(stream: http2.ClientHttp2Stream, connection: Connection): boolean {
+  if (stream.rstCode === http2.constants.NGHTTP2_REFUSED_STREAM) return true;
+  const id = stream.id;
+  if (id === undefined || id === 0) return true;
+  return connection.lastStreamId !== undefined && id > connection.lastStreamId;
+}
+
+/**
+ * The proxy a connection to `host` goes through, as grpc-js chooses it: `proxy` when given (a
+ * URL; false: none), else `grpc_proxy`, `https_proxy` or `http_proxy` from the environment
+ * unless `host` matches `no_grpc_proxy` / `no_proxy` (a suffix of the host, or an IPv4 CIDR).
+ * Only `http://` proxies (HTTP CONNECT), as grpc-js.
+ */
+export function proxyFor(host: string, proxy?: string | false, env: NodeJS.ProcessEnv = process.env): ProxyInfo | undefined {
+  if (proxy === false) return undefined;
+  let url = proxy;
+  if (url === undefined) {
+    url = env.grpc_proxy || env.https_proxy || env.http_proxy;
+    if (!url) return undefined;
+    const noProxy = env.no_grpc_proxy || env.no_proxy || "";
+    for (const entry of noProxy.split(",").map((e) => e.trim()).filter((e) => e !== "")) {
+      if (entry === "*" || host.endsWith(entry) || (net.isIPv4(host) && inCidr(host, entry))) return undefined;
+    }
   }
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+  } catch {
+    throw new TypeError(`IdemdClient: the proxy ${url} is not a URL`);
+  }
+  if (parsed.protocol !== "http:") throw new TypeError(`IdemdClient: only http:// proxies (HTTP CONNECT) are supported, not ${parsed.protocol}`);
+  const user = decodeURIComponent(parsed.username);
+  const password = decodeURIComponent(parsed.password);
+  return {
+    host: parsed.hostname.replace(/^\[(.*)\]$/, "$1"),
+    port: parsed.port === "" ? 80 : Number(parsed.port),
+    ...(user !== "" ? { credentials: password !== "" ? `${user}:${password}` : user } : {}),
+  };
+}
+
+function inCidr(ip: string, cidr: string): boolean {
+  const [base, bits] = cidr.split("/");
+  const prefix = Number(bits);
+  if (base === undefined || !net.isIPv4(base) || !Number.isInteger(prefix) || prefix < 0 || prefix > 32) return false;
+  const toInt = (a: string): number => a.split(".").reduce((acc, o) => acc * 256 + Number(o), 0);
+  const size = 2 ** (32 - prefix);
+  return Math.floor(toInt(ip) / size) === Math.floor(toInt(base) / size);
+}
+
+/** A socket to `target` through the proxy's HTTP CONNECT tunnel. */
+function tunnel(proxy: ProxyInfo, target: Http2Target): Promise<net.Socket> {
+  const authority = net.isIPv6(target.host) ? `[${target.host}]:${target.port}` : `${target.host}:${target.port}`;
+  return new Promise((resolve, reject) => {
+    const request = http.request({
+      host: proxy.host,
+      port: proxy.port,
+      method: "CONNECT",
+      path: authority,
+      headers: {
+        host: authority,
+        ...(proxy.credentials ? { "proxy-authorization": `Basic ${Buffer.from(proxy.credentials).toString("base64")}` } : {}),
+      },
+    });
+    request.once("connect", (response, socket, head) => {
+      if (response.statusCode !== 200) {
+        socket.destroy();
+        reject(new Error(`the proxy ${proxy.host}:${proxy.port} answered CONNECT ${authority} with HTTP ${response.statusCode}`));
+        return;
+      }
+      if (head.length > 0) socket.unshift(head);
+      socket.setNoDelay(true);
+      resolve(socket);
+    });
+    request.once("error", (err) => reject(new Error(`the proxy ${proxy.host}:${proxy.port}: ${errorText(err)}`)));
+    request.end();
+  });
 }
 
 /**
@@ -251,22 +530,29 @@ export function watchCall(deadline: number, signal: AbortSignal | undefined, can
 /** The socket to the target, TLS with ALPN h2 when configured, Nagle off. */
 export function dial(options: Http2TransportOptions): net.Socket {
   const { host, port } = options.target;
-  const override = options.serverNameOverride;
-  const socket = options.tls
-    ? tls.connect({
-        ...options.tls,
-        host,
-        port,
-        ALPNProtocols: ["h2"],
-        // SNI carries names only; an IP address is checked against the certificate's IP SANs.
-        ...(net.isIP(override ?? host) ? {} : { servername: override ?? host }),
-        ...(override ? { checkServerIdentity: (_: string, cert: tls.PeerCertificate) => tls.checkServerIdentity(override, cert) } : {}),
-      })
-    : net.connect({ host, port });
+  const socket = options.tls ? tls.connect({ ...tlsOptions(options), host, port }) : net.connect({ host, port });
   // A request is a HEADERS and a DATA frame written back to back: without this a second request
   // can wait for the ACK of the first (Nagle + delayed ACK, up to 40 ms on Linux).
   socket.setNoDelay(true);
   return socket;
+}
+
+/** TLS to the target inside an established socket (a proxy's tunnel). */
+function wrapTls(options: Http2TransportOptions, socket: net.Socket): net.Socket {
+  // `host`: the name the certificate is checked against (tls.connect's default is localhost).
+  return tls.connect({ ...tlsOptions(options), host: options.target.host, socket });
+}
+
+function tlsOptions(options: Http2TransportOptions): tls.ConnectionOptions {
+  const override = options.serverNameOverride;
+  const name = override ?? options.target.host;
+  return {
+    ...options.tls,
+    ALPNProtocols: ["h2"],
+    // SNI carries names only; an IP address is checked against the certificate's IP SANs.
+    ...(net.isIP(name) ? {} : { servername: name }),
+    ...(override ? { checkServerIdentity: (_: string, cert: tls.PeerCertificate) => tls.checkServerIdentity(override, cert) } : {}),
+  };
 }
 
 /** `grpc-timeout`: at most 8 digits, in the finest unit that fits. */

@@ -3,15 +3,17 @@
  * package (imported by its name, "@idemd/client"), compiled and run against a live idemd.
  */
 import assert from "node:assert/strict";
-import { execFile, spawn } from "node:child_process";
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { execFile, execFileSync, spawn } from "node:child_process";
+import * as http from "node:http";
+import * as net from "node:net";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import * as path from "node:path";
 import { after, before, test } from "node:test";
 import { promisify } from "node:util";
 import ts from "typescript";
 import { startIdemd, type IdemdServer } from "./support/idemd";
-import { sdkRoot } from "./support/paths";
+import { repoRoot, sdkRoot } from "./support/paths";
 
 const run = promisify(execFile);
 
@@ -144,6 +146,84 @@ test("README middleware example type-checks, serves and replays as written", asy
       child.kill("SIGTERM");
     }
   } finally {
+    rmSync(project, { recursive: true, force: true });
+  }
+});
+
+/** The ```ts block of the README's "## Through a proxy, with TLS" section. */
+function proxyExample(): string {
+  const readme = readFileSync(path.join(sdkRoot, "README.md"), "utf8");
+  const section = readme.split(/^## Through a proxy, with TLS$/m)[1];
+  assert.ok(section, "README.md has a ## Through a proxy, with TLS section");
+  const match = /^```ts\n([\s\S]*?)^```$/m.exec(section);
+  assert.ok(match, "the proxy section has a ```ts block");
+  return match[1]!;
+}
+
+test("README proxy + TLS example runs as written through nginx with TLS, directly and through https_proxy", async () => {
+  const certs = process.env.IDEMD_TEST_CERTS;
+  assert.ok(certs && existsSync(path.join(certs, "ca.pem")), "IDEMD_TEST_CERTS (make test-certs) is required");
+  const source = proxyExample();
+  assert.match(source, /from "@idemd\/client"/);
+  const project = mkdtempSync(path.join(tmpdir(), "idemd-readme-proxy-"));
+  const nginxDir = path.join(project, "nginx");
+  const nginx = process.env.IDEMD_NGINX_SH || path.join(repoRoot, "scripts", "nginx.sh");
+  // An HTTP CONNECT proxy that counts its tunnels, as an egress proxy would carry them.
+  let tunnels = 0;
+  const sockets: net.Socket[] = [];
+  const egress = http.createServer((_req, res) => res.writeHead(405).end());
+  egress.on("connect", (req: http.IncomingMessage, client: net.Socket, head: Buffer) => {
+    tunnels += 1;
+    const [host, port] = (req.url ?? "").split(":");
+    const upstream = net.connect({ host, port: Number(port) }, () => {
+      client.write("HTTP/1.1 200 Connection Established\r\n\r\n");
+      if (head.length > 0) upstream.write(head);
+      upstream.pipe(client);
+      client.pipe(upstream);
+    });
+    for (const s of [client, upstream]) {
+      sockets.push(s);
+      s.on("error", () => {});
+    }
+  });
+  await new Promise<void>((resolve) => egress.listen(0, "127.0.0.1", resolve));
+  try {
+    mkdirSync(path.join(project, "node_modules", "@idemd"), { recursive: true });
+    symlinkSync(sdkRoot, path.join(project, "node_modules", "@idemd", "client"), "dir");
+    const file = path.join(project, "ingress.mts");
+    writeFileSync(file, source);
+    const program = ts.createProgram([file], {
+      target: ts.ScriptTarget.ES2022,
+      lib: ["lib.es2022.d.ts"],
+      module: ts.ModuleKind.Node16,
+      moduleResolution: ts.ModuleResolutionKind.Node16,
+      types: ["node"],
+      typeRoots: [path.join(sdkRoot, "node_modules", "@types")],
+      strict: true,
+      skipLibCheck: true,
+      outDir: project,
+    });
+    const emitted = program.emit();
+    const diagnostics = ts.getPreEmitDiagnostics(program).concat(emitted.diagnostics);
+    assert.deepEqual(diagnostics.map((d) => ts.flattenDiagnosticMessageText(d.messageText, "\n")), []);
+
+    const address = execFileSync("bash", [nginx, "start", "--dir", nginxDir, "--upstream", server.address, "--profile", "tls", "--certs", certs], { encoding: "utf8" }).trim();
+    // The certificate names localhost; nginx listens on 127.0.0.1.
+    const ingress = `localhost:${address.split(":").pop()}`;
+    const env: NodeJS.ProcessEnv = { ...process.env, IDEMD_INGRESS: ingress, IDEMD_CA_FILE: path.join(certs, "ca.pem"), IDEMD_TOKEN: "conformance-token-alice-3f9a" };
+    for (const name of ["grpc_proxy", "https_proxy", "http_proxy", "no_grpc_proxy", "no_proxy"]) delete env[name];
+    const direct = await run(process.execPath, [path.join(project, "ingress.mjs")], { cwd: project, env, timeout: 30_000 });
+    assert.equal(direct.stdout.trim(), "201 false");
+    assert.equal(tunnels, 0);
+    const proxied = await run(process.execPath, [path.join(project, "ingress.mjs")], {
+      cwd: project, env: { ...env, https_proxy: `http://127.0.0.1:${(egress.address() as net.AddressInfo).port}` }, timeout: 30_000,
+    });
+    assert.equal(proxied.stdout.trim(), "201 false");
+    assert.equal(tunnels, 1, "the call went through the https_proxy tunnel");
+  } finally {
+    execFileSync("bash", [nginx, "stop", "--dir", nginxDir]);
+    sockets.forEach((s) => s.destroy());
+    await new Promise<void>((resolve) => egress.close(() => resolve()));
     rmSync(project, { recursive: true, force: true });
   }
 });

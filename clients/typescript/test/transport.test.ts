@@ -1,21 +1,25 @@
 /**
- * The client's own unary transports: its HTTP/2 framing (src/h2.ts, the default, `"http2"`) and
- * the `node:http2` one (src/transport.ts, `"node-http2"`), every case against both: what they must
- * do that grpc-js did for them. Protocol edge cases against a scripted `node:http2` server
- * (trailers-only errors with a percent-encoded message and binary details, HTTP errors, resets, a
- * server that never answers, one session for many calls, headers over CONTINUATION frames and
- * from HPACK's dynamic table, messages larger than the flow-control windows both ways, the
- * server's stream limit, GOAWAY, PING); deadlines, cancellation and a restart against the real
- * idemd.
+ * The client's own unary transport (src/transport.ts: `node:http2`, the default, `"node-http2"`,
+ * also named `"http2"`): what it must do that grpc-js did for it. Protocol edge cases against a
+ * scripted `node:http2` server (trailers-only errors with a percent-encoded message and binary
+ * details, HTTP errors, resets, a server that never answers, one session for many calls, headers
+ * over CONTINUATION frames and from HPACK's dynamic table, messages larger than the flow-control
+ * windows both ways, the server's stream limit before and after its SETTINGS, GOAWAY and refused
+ * streams moved to a new connection, PING); an HTTP CONNECT proxy from the options and from
+ * grpc_proxy / https_proxy / no_proxy; keepalive PINGs closing a connection that went silent;
+ * deadlines, cancellation and a restart against the real idemd.
  */
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { createRequire } from "node:module";
+import * as http from "node:http";
 import * as http2 from "node:http2";
+import * as net from "node:net";
 import type { AddressInfo } from "node:net";
 import { after, before, describe, test } from "node:test";
 import { Metadata } from "@grpc/grpc-js";
 import { GrpcStatus, IdemdClient, RpcError, v1 } from "../src";
+import { proxyFor } from "../src/transport";
 import { startIdemd, type IdemdServer } from "./support/idemd";
 import { ENDPOINT, PAYMENT } from "./support/payment";
 
@@ -81,7 +85,7 @@ function answerWith(stream: http2.ServerHttp2Stream, message: Uint8Array): void 
 
 const NOT_FOUND = { ":status": 200, "content-type": "application/grpc", "grpc-status": "5" };
 
-test("the default transport frames HTTP/2 itself: its calls open no node:http2 session", async () => {
+test("the default transport is node:http2 (also under its old name, http2)", async () => {
   // The module object itself (the compiled imports read through to it), not an import's copy.
   const nodeHttp2 = createRequire(__filename)("node:http2") as { connect: typeof http2.connect };
   const connect = nodeHttp2.connect;
@@ -92,21 +96,21 @@ test("the default transport frames HTTP/2 itself: its calls open no node:http2 s
   }) as typeof http2.connect;
   const server = await scriptedServer((stream) => stream.respond(NOT_FOUND, { endStream: true }));
   const byDefault = new IdemdClient({ address: server.address, tls: false });
-  const fallback = new IdemdClient({ address: server.address, tls: false, transport: "node-http2" });
+  const oldName = new IdemdClient({ address: server.address, tls: false, transport: "http2" });
   try {
     await assert.rejects(byDefault.lookup({ key: "k" }), rejectsWith(GrpcStatus.NOT_FOUND));
-    assert.equal(connects, 0, "the default transport went through node:http2");
-    await assert.rejects(fallback.lookup({ key: "k" }), rejectsWith(GrpcStatus.NOT_FOUND));
-    assert.equal(connects, 1, "transport node-http2 is node:http2");
+    assert.equal(connects, 1, "the default transport is node:http2");
+    await assert.rejects(oldName.lookup({ key: "k" }), rejectsWith(GrpcStatus.NOT_FOUND));
+    assert.equal(connects, 2, "transport http2 is node:http2");
   } finally {
     nodeHttp2.connect = connect;
     byDefault.close();
-    fallback.close();
+    oldName.close();
     await server.close();
   }
 });
 
-for (const transport of ["http2", "node-http2"] as const) {
+for (const transport of ["node-http2"] as const) {
 describe(`${transport} transport against a scripted server`, () => {
   const clients: IdemdClient[] = [];
   const client = (address: string, options: Partial<ConstructorParameters<typeof IdemdClient>[0]> = {}): IdemdClient => {
@@ -179,7 +183,7 @@ describe(`${transport} transport against a scripted server`, () => {
       const c = client(server.address);
       answer = (s) => s.respond({ ":status": 503 }, { endStream: true });
       await assert.rejects(c.lookup({ key: "k" }), rejectsWith(GrpcStatus.UNAVAILABLE, (e) => assert.match(e.details, /HTTP status code 503/)));
-      answer = (s) => s.close(http2.constants.NGHTTP2_REFUSED_STREAM);
+      answer = (s) => s.close(http2.constants.NGHTTP2_REFUSED_STREAM); // every time: after its moves
       await assert.rejects(c.lookup({ key: "k" }), rejectsWith(GrpcStatus.UNAVAILABLE));
       answer = (s) => s.close(http2.constants.NGHTTP2_ENHANCE_YOUR_CALM);
       await assert.rejects(c.lookup({ key: "k" }), rejectsWith(GrpcStatus.RESOURCE_EXHAUSTED));
@@ -282,7 +286,7 @@ describe(`${transport} transport against a scripted server`, () => {
     }
   });
 
-  test("calls over the server's MAX_CONCURRENT_STREAMS wait for a stream to end", async () => {
+  test("no stream before the server's SETTINGS, never more than its MAX_CONCURRENT_STREAMS: the rest wait", async () => {
     let open = 0;
     let most = 0;
     const server = await scriptedServer((stream) => {
@@ -295,16 +299,39 @@ describe(`${transport} transport against a scripted server`, () => {
     }, { maxConcurrentStreams: 2 });
     try {
       const c = client(server.address);
-      await assert.rejects(c.lookup({ key: "first" }), rejectsWith(GrpcStatus.NOT_FOUND)); // the server's SETTINGS are in
-      await Promise.all(Array.from({ length: 8 }, (_, i) => assert.rejects(c.lookup({ key: `c${i}` }), rejectsWith(GrpcStatus.NOT_FOUND))));
-      assert.equal(server.requests.length, 9);
+      // The first calls of a new client: they wait for the SETTINGS rather than assume a limit.
+      await Promise.all(Array.from({ length: 12 }, (_, i) => assert.rejects(c.lookup({ key: `c${i}` }), rejectsWith(GrpcStatus.NOT_FOUND))));
+      assert.equal(server.requests.length, 12);
       assert.ok(most <= 2, `the server saw ${most} streams at once`);
+      assert.equal(server.sessions(), 1);
     } finally {
       await server.close();
     }
   });
 
-  test("GOAWAY: the call the server took completes, the next call opens a new connection", async () => {
+  test("GOAWAY: the calls the server took complete, those above its last stream move to a new connection", async () => {
+    const goneAway = new Set<http2.Http2Session>();
+    const answered: string[] = [];
+    const server = await scriptedServer((stream, _headers, body) => {
+      const session = stream.session!;
+      // A server keeps its promise: nothing above the GOAWAY's last stream is processed.
+      if (goneAway.has(session)) return;
+      goneAway.add(session);
+      session.goaway(http2.constants.NGHTTP2_NO_ERROR, stream.id!);
+      answered.push(v1.LookupRequest.decode(body.subarray(5)).key);
+      stream.respond(NOT_FOUND, { endStream: true });
+    });
+    try {
+      const c = client(server.address);
+      await Promise.all(Array.from({ length: 5 }, (_, i) => assert.rejects(c.lookup({ key: `g${i}` }), rejectsWith(GrpcStatus.NOT_FOUND))));
+      assert.deepEqual([...answered].sort(), ["g0", "g1", "g2", "g3", "g4"], "each call answered once, none failed");
+      assert.ok(server.sessions() >= 2, "the calls moved to a new connection");
+    } finally {
+      await server.close();
+    }
+  });
+
+  test("GOAWAY between calls: the next call opens a new connection", async () => {
     const server = await scriptedServer((stream) => {
       if (server.requests.length === 1) stream.session!.goaway(http2.constants.NGHTTP2_NO_ERROR, stream.id);
       stream.respond(NOT_FOUND, { endStream: true });
@@ -315,6 +342,24 @@ describe(`${transport} transport against a scripted server`, () => {
       await new Promise((resolve) => setTimeout(resolve, 50));
       await assert.rejects(c.lookup({ key: "b" }), rejectsWith(GrpcStatus.NOT_FOUND));
       assert.equal(server.sessions(), 2);
+    } finally {
+      await server.close();
+    }
+  });
+
+  test("a refused stream (REFUSED_STREAM) is sent again, not reported", async () => {
+    let refusals = 0;
+    const server = await scriptedServer((stream) => {
+      if (refusals < 2) {
+        refusals += 1;
+        stream.close(http2.constants.NGHTTP2_REFUSED_STREAM);
+        return;
+      }
+      stream.respond(NOT_FOUND, { endStream: true });
+    });
+    try {
+      await assert.rejects(client(server.address).lookup({ key: "k" }), rejectsWith(GrpcStatus.NOT_FOUND));
+      assert.equal(server.requests.length, 3);
     } finally {
       await server.close();
     }
@@ -385,3 +430,130 @@ describe(`${transport} transport against a live idemd`, () => {
   });
 });
 }
+
+/** An HTTP CONNECT proxy: counts its tunnels. */
+async function connectProxy() {
+  let tunnels = 0;
+  const sockets = new Set<net.Socket>();
+  const proxy = http.createServer((_req, res) => res.writeHead(405).end());
+  proxy.on("connect", (req: http.IncomingMessage, client: net.Socket, head: Buffer) => {
+    tunnels += 1;
+    const [host, port] = (req.url ?? "").split(":");
+    const upstream = net.connect({ host, port: Number(port) }, () => {
+      client.write("HTTP/1.1 200 Connection Established\r\n\r\n");
+      if (head.length > 0) upstream.write(head);
+      upstream.pipe(client);
+      client.pipe(upstream);
+    });
+    for (const s of [client, upstream]) {
+      sockets.add(s);
+      s.on("error", () => {});
+    }
+  });
+  await new Promise<void>((resolve) => proxy.listen(0, "127.0.0.1", resolve));
+  return {
+    url: `http://127.0.0.1:${(proxy.address() as AddressInfo).port}`,
+    tunnels: () => tunnels,
+    close: () => new Promise<void>((resolve) => {
+      for (const s of sockets) s.destroy();
+      proxy.close(() => resolve());
+    }),
+  };
+}
+
+describe("proxies and keepalive", () => {
+  test("proxyFor chooses as grpc-js: grpc_proxy, https_proxy, http_proxy; no_grpc_proxy / no_proxy by suffix or CIDR", () => {
+    assert.equal(proxyFor("idemd.internal", undefined, {}), undefined);
+    assert.deepEqual(proxyFor("idemd.internal", undefined, { https_proxy: "http://p:3128", grpc_proxy: "http://g:8080" }), { host: "g", port: 8080 });
+    assert.deepEqual(proxyFor("idemd.internal", undefined, { https_proxy: "http://u:p%40ss@p" }), { host: "p", port: 80, credentials: "u:p@ss" });
+    assert.equal(proxyFor("idemd.internal", undefined, { https_proxy: "http://p:3128", no_proxy: "example.com,.internal" }), undefined);
+    assert.equal(proxyFor("10.1.2.3", undefined, { https_proxy: "http://p:3128", no_proxy: "10.0.0.0/8" }), undefined);
+    assert.deepEqual(proxyFor("11.1.2.3", undefined, { https_proxy: "http://p:3128", no_proxy: "10.0.0.0/8" }), { host: "p", port: 3128 });
+    assert.equal(proxyFor("idemd.internal", false, { https_proxy: "http://p:3128" }), undefined);
+    assert.deepEqual(proxyFor("idemd.internal", "http://q:1", { no_proxy: "*" }), { host: "q", port: 1 });
+    assert.throws(() => proxyFor("idemd.internal", "https://q:1"), TypeError);
+  });
+
+  test("calls go through an HTTP CONNECT tunnel: the proxy option, https_proxy, and not for a no_proxy host", async () => {
+    const server = await scriptedServer((stream) => stream.respond(NOT_FOUND, { endStream: true }));
+    const proxy = await connectProxy();
+    const saved = { https_proxy: process.env.https_proxy, no_proxy: process.env.no_proxy };
+    const clients: IdemdClient[] = [];
+    try {
+      clients.push(new IdemdClient({ address: server.address, tls: false, proxy: proxy.url }));
+      await assert.rejects(clients[0]!.lookup({ key: "k" }), rejectsWith(GrpcStatus.NOT_FOUND));
+      assert.equal(proxy.tunnels(), 1);
+      process.env.https_proxy = proxy.url;
+      delete process.env.no_proxy;
+      clients.push(new IdemdClient({ address: server.address, tls: false }));
+      await assert.rejects(clients[1]!.lookup({ key: "k" }), rejectsWith(GrpcStatus.NOT_FOUND));
+      assert.equal(proxy.tunnels(), 2, "https_proxy is honoured");
+      process.env.no_proxy = "127.0.0.1";
+      clients.push(new IdemdClient({ address: server.address, tls: false }));
+      await assert.rejects(clients[2]!.lookup({ key: "k" }), rejectsWith(GrpcStatus.NOT_FOUND));
+      assert.equal(proxy.tunnels(), 2, "no_proxy is honoured");
+      assert.equal(server.requests.length, 3);
+    } finally {
+      for (const [name, value] of Object.entries(saved)) {
+        if (value === undefined) delete process.env[name];
+        else process.env[name] = value;
+      }
+      clients.forEach((c) => c.close());
+      await proxy.close();
+      await server.close();
+    }
+  });
+
+  test("a proxy that refuses the tunnel fails the call with UNAVAILABLE, at once", async () => {
+    const proxy = http.createServer();
+    proxy.on("connect", (_req: http.IncomingMessage, socket: net.Socket) => socket.end("HTTP/1.1 403 Forbidden\r\n\r\n"));
+    await new Promise<void>((resolve) => proxy.listen(0, "127.0.0.1", resolve));
+    const c = new IdemdClient({ address: "127.0.0.1:9", tls: false, proxy: `http://127.0.0.1:${(proxy.address() as AddressInfo).port}` });
+    try {
+      await assert.rejects(c.lookup({ key: "k" }), rejectsWith(GrpcStatus.UNAVAILABLE, (e) => assert.match(e.details, /403/)));
+    } finally {
+      c.close();
+      await new Promise<void>((resolve) => proxy.close(() => resolve()));
+    }
+  });
+
+  test("keepalive PINGs: a connection that goes silent fails its call long before the deadline, then the client reconnects", async () => {
+    const server = await scriptedServer((stream, _headers, body) => {
+      if (v1.LookupRequest.decode(body.subarray(5)).key === "hang") return; // never answered
+      stream.respond(NOT_FOUND, { endStream: true });
+    });
+    // A relay that can stop forwarding, as a dead NAT entry or a vanished peer would.
+    let silent = false;
+    const sockets: net.Socket[] = [];
+    const relay = net.createServer((inbound) => {
+      const outbound = net.connect(Number(server.address.split(":")[1]), "127.0.0.1");
+      inbound.on("data", (d) => silent || outbound.write(d));
+      outbound.on("data", (d) => silent || inbound.write(d));
+      for (const s of [inbound, outbound]) {
+        sockets.push(s);
+        s.on("error", () => {});
+        s.on("close", () => [inbound, outbound].forEach((o) => o.destroy()));
+      }
+    });
+    await new Promise<void>((resolve) => relay.listen(0, "127.0.0.1", resolve));
+    const c = new IdemdClient({
+      address: `127.0.0.1:${(relay.address() as AddressInfo).port}`, tls: false, keepaliveMs: 100, keepaliveTimeoutMs: 200,
+    });
+    try {
+      await assert.rejects(c.lookup({ key: "k" }), rejectsWith(GrpcStatus.NOT_FOUND));
+      silent = true;
+      const started = Date.now();
+      await assert.rejects(c.lookup({ key: "hang" }, { deadlineMs: 10_000 }), rejectsWith(GrpcStatus.UNAVAILABLE));
+      const took = Date.now() - started;
+      assert.ok(took < 3_000, `the silent connection was noticed after ${took} ms`);
+      silent = false;
+      await assert.rejects(c.lookup({ key: "k" }), rejectsWith(GrpcStatus.NOT_FOUND));
+      assert.equal(server.sessions(), 2);
+    } finally {
+      c.close();
+      sockets.forEach((s) => s.destroy());
+      await new Promise<void>((resolve) => relay.close(() => resolve()));
+      await server.close();
+    }
+  });
+});
