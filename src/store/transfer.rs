@@ -78,8 +78,10 @@ pub const DEFAULT_IN_FLIGHT: usize = 128;
 pub const CONFLICT_KEYS_SHOWN: usize = 5;
 
 /// How often one record's write is tried before the copy stops; the
-/// backoff doubles from [`RETRY_BACKOFF`].
-const WRITE_ATTEMPTS: u32 = 5;
+/// backoff doubles from [`RETRY_BACKOFF`] (about 25 s in all: a copy is a
+/// batch job beside live traffic, and a cluster busy for seconds must not
+/// stop it).
+const WRITE_ATTEMPTS: u32 = 8;
 
 /// Wait before a record's second attempt.
 const RETRY_BACKOFF: Duration = Duration::from_millis(200);

@@ -77,16 +77,19 @@ pub async fn cutover(cluster: &Cluster, setup: &Setup<'_>) -> anyhow::Result<Rep
     }
 
     run.history.phase("bulk");
-    // The copies take the cluster's flags, not the server's `--store`.
+    // The copies take the cluster's flags, not the server's `--store`, and
+    // run as an operator runs a batch job beside live traffic on a small
+    // cluster: fewer writes in flight, a longer timeout than the replicas'.
     let mut cluster_args = Vec::new();
     let mut flags = cluster.flags().into_iter();
     while let Some(flag) = flags.next() {
-        if flag == "--store" {
+        if flag == "--store" || flag == "--cql-request-timeout" {
             flags.next();
         } else {
             cluster_args.push(flag);
         }
     }
+    cluster_args.extend(["--cql-request-timeout", "10s", "--in-flight", "32"].map(String::from));
     let operator = Operator {
         bin: setup.bin,
         data: &data,
