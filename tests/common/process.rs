@@ -19,6 +19,18 @@ pub struct Process {
     pub startup: Vec<String>,
 }
 
+/// A test's process never outlives it: a replica left running after its
+/// test keeps reconnecting to a cluster that is gone, and its CPU is taken
+/// from every later test of the run.
+impl Drop for Process {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// `program [subcommand]` (an `idemd` binary) on port 0 with JSON logs and
 /// `data_dir`.
 fn command_on_port_0(

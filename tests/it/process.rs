@@ -295,9 +295,12 @@ async fn sigterm_drains_and_exits_zero() {
         matches!(outcome_name(&answer), "replayed" | "in_progress"),
         "{answer:?}"
     );
-    let status = tokio::task::spawn_blocking(move || process.child.wait().expect("wait"))
-        .await
-        .expect("join");
+    let (status, process) = tokio::task::spawn_blocking(move || {
+        let status = process.child.wait().expect("wait");
+        (status, process)
+    })
+    .await
+    .expect("join");
     assert_eq!(status.code(), Some(0), "graceful exit");
     let _ = process.lines.try_iter().count();
 }
