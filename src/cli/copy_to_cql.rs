@@ -97,20 +97,13 @@ pub async fn run(args: &CopyToCqlArgs) -> Result<CopyReport, CliError> {
     let target = CqlStore::open_with_keyring(cql, keyring)
         .await
         .map_err(failed("open the CQL store"))?;
-    // No replica may start on the keyspace until the last step finished
-    // (store::cql::cutover): marked before the first record is written.
-    let source_name = match &step {
-        Step::Bulk(backup) => backup.display().to_string(),
-        Step::Whole | Step::Since(_) => settings.data_dir.display().to_string(),
+    let finished_before = match mark_copying(&step, &settings.data_dir, cql, &target).await {
+        Ok(finished_before) => finished_before,
+        Err(e) => {
+            let _ = target.close().await;
+            return Err(e);
+        }
     };
-    let copying = CutoverMark {
-        source: source_name,
-        started_at_ms: SystemClock.now_ms(),
-    };
-    if let Err(e) = copying.write(target.session(), &cql.keyspace).await {
-        let _ = target.close().await;
-        return Err(failed("mark the keyspace as being copied into")(e));
-    }
     eprintln!(
         "copying {} into keyspace {} ({} in flight; up to {total} records read)",
         match &step {
@@ -163,7 +156,7 @@ pub async fn run(args: &CopyToCqlArgs) -> Result<CopyReport, CliError> {
     let _ = source.close().await;
     marked?;
     // Every live record is in the keyspace: replicas may start on it.
-    if !matches!(step, Step::Bulk(_)) {
+    if !matches!(step, Step::Bulk(_)) && !finished_before {
         let cleared = CutoverMark::clear(target.session(), &cql.keyspace).await;
         cleared.map_err(failed("clear the keyspace's cut-over mark"))?;
         eprintln!(
@@ -173,6 +166,42 @@ pub async fn run(args: &CopyToCqlArgs) -> Result<CopyReport, CliError> {
     }
     let _ = target.close().await;
     Ok(report)
+}
+
+/// Marks the keyspace as being copied into before the first record is
+/// written (store::cql::cutover: no replica may start on it until the last
+/// step finished). Not for a run over a store whose cut-over into this
+/// keyspace already finished (a check run, or a resume after the new
+/// deployment took writes): its replicas serve, and a mark left by a run
+/// that then finds their writes as conflicts would keep every later
+/// replica from starting. Returns whether it had finished.
+async fn mark_copying(
+    step: &Step,
+    data_dir: &Path,
+    cql: &crate::store::cql::CqlOptions,
+    target: &CqlStore,
+) -> Result<bool, CliError> {
+    let finished_before = !matches!(step, Step::Bulk(_))
+        && MovedMarker::read(data_dir)
+            .ok()
+            .flatten()
+            .is_some_and(|moved| moved.keyspace == cql.keyspace);
+    if finished_before {
+        return Ok(true);
+    }
+    let source = match step {
+        Step::Bulk(backup) => backup.display().to_string(),
+        Step::Whole | Step::Since(_) => data_dir.display().to_string(),
+    };
+    let copying = CutoverMark {
+        source,
+        started_at_ms: SystemClock.now_ms(),
+    };
+    copying
+        .write(target.session(), &cql.keyspace)
+        .await
+        .map_err(failed("mark the keyspace as being copied into"))?;
+    Ok(false)
 }
 
 /// Leaves the mark of a finished step: the backup's after a bulk copy (what

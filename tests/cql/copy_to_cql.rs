@@ -296,6 +296,15 @@ async fn a_moved_store_replays_keeps_leases_and_pending_and_a_rerun_copies_nothi
     );
     let still = claim_ok(&new, &tenant, claim(PAYMENTS, "held", 2)).await;
     assert_eq!(outcome_name(&still), "replayed", "not overwritten");
+    // A run over a store whose cut-over had finished leaves no mark: the
+    // deployment's replicas still start on the keyspace.
+    let session = idemd::store::cql::connect(&options).await.expect("session");
+    let mark = idemd::store::cql::cutover::CutoverMark::read(&session, &keyspace).await;
+    assert_eq!(
+        mark.expect("read the mark"),
+        None,
+        "no replica is refused after a check run"
+    );
     new.stop().await;
 }
 
