@@ -236,7 +236,8 @@ func unprocessedRetryInterceptor() grpc.UnaryClientInterceptor {
 		invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		for attempt := 1; ; attempt++ {
 			err := invoker(ctx, method, req, reply, cc, opts...)
-			if err == nil || attempt >= maxUnprocessedAttempts || !unprocessed(err) || ctx.Err() != nil {
+			again := unprocessed(err) || (idempotentOnServer(method) && endedWithoutStatus(err))
+			if err == nil || attempt >= maxUnprocessedAttempts || !again || ctx.Err() != nil {
 				return err
 			}
 			if attempt > 2 {
@@ -252,6 +253,36 @@ func unprocessedRetryInterceptor() grpc.UnaryClientInterceptor {
 			}
 		}
 	}
+}
+
+// idempotentOnServer reports whether sending method again after an unknown
+// outcome can run nothing twice and cannot lose a decision: Complete with
+// the same token and response answers the same (idemd stores one
+// response), the reads change nothing, and a Claim runs no side effect (a
+// second Claim of a key the first one took answers in_progress to its own
+// caller: the outcome-unknown answer the caller would get by retrying it
+// itself). Fail and ExtendLease are not in it: a Fail that landed would
+// be reported as failed by its second sending.
+func idempotentOnServer(method string) bool {
+	return strings.HasSuffix(method, "/Complete") ||
+		strings.HasSuffix(method, "/Claim") ||
+		strings.HasSuffix(method, "/Lookup") ||
+		strings.HasSuffix(method, "/ListPending")
+}
+
+// endedWithoutStatus reports whether err is grpc-go's "Unknown: EOF": the
+// connection ended before the call got any status (a proxy closing a
+// connection after its GOAWAY, the request maybe never forwarded). Sent
+// again only for the RPCs of idempotentOnServer: whether the server took it
+// is unknown, and for those it does not matter (the proxy matrix's goaway
+// profile met it on Complete: the key stayed IN_PROGRESS).
+func endedWithoutStatus(err error) bool {
+	if err == nil {
+		return false
+	}
+	// grpc-go returns the transport's io.EOF itself here, not a status.
+	s := status.Convert(err)
+	return s.Code() == codes.Unknown && s.Message() == "EOF"
 }
 
 // unprocessed reports whether err is grpc-go's status for a call the server
