@@ -26,6 +26,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::{CopyToCqlArgs, Settings, StoreSettings};
 use crate::store::cql::CqlStore;
 use crate::store::cql::cutover::CutoverMark;
+use crate::store::embedded::backup;
 use crate::store::embedded::export::{self, EXPORT_PAGE, Export, OpenError};
 use crate::store::embedded::moved::{BULK_COPIED_FILE, MovedMarker};
 use crate::store::embedded::{EmbeddedOptions, EmbeddedStore};
@@ -43,9 +44,68 @@ enum Step {
     /// Every live record of a backup, while idemd serves (the short
     /// cut-over's first step).
     Bulk(PathBuf),
-    /// What changed in the stopped store since that backup (the short
-    /// cut-over's stop).
+    /// What changed from the backup the keyspace holds (`since`) to a
+    /// later one (`backup`), while idemd serves: a catch-up, run as often
+    /// as needed so that the stop carries only the changes since the last.
+    Catchup {
+        /// The later backup, the source.
+        backup: PathBuf,
+        /// The backup the keyspace holds.
+        since: PathBuf,
+    },
+    /// What changed in the stopped store since the backup the keyspace
+    /// holds (the short cut-over's stop).
     Since(PathBuf),
+}
+
+impl Step {
+    fn from_args(args: &CopyToCqlArgs) -> Self {
+        match (&args.from_backup, &args.since_backup) {
+            (Some(backup), Some(since)) => Step::Catchup {
+                backup: backup.clone(),
+                since: since.clone(),
+            },
+            (Some(backup), None) => Step::Bulk(backup.clone()),
+            (None, Some(since)) => Step::Since(since.clone()),
+            (None, None) => Step::Whole,
+        }
+    }
+
+    /// Whether idemd may serve the data directory meanwhile: the step
+    /// reads a backup, never the data directory, so it credits no lease
+    /// and marks nothing as moved.
+    fn while_serving(&self) -> bool {
+        matches!(self, Step::Bulk(_) | Step::Catchup { .. })
+    }
+
+    /// The store the step reads its records from.
+    fn source<'a>(&'a self, data_dir: &'a Path) -> &'a Path {
+        match self {
+            Step::Bulk(backup) | Step::Catchup { backup, .. } => backup,
+            Step::Whole | Step::Since(_) => data_dir,
+        }
+    }
+
+    /// Refuses a step that the backups' marks say would leave the
+    /// keyspace short of a record.
+    fn check(&self, keyspace: &str) -> Result<(), CliError> {
+        if let Some(since) = self.baseline() {
+            check_bulk_copied(since, keyspace, self)?;
+        }
+        if let Step::Catchup { backup, since } = self {
+            check_later(backup, since)?;
+        }
+        Ok(())
+    }
+
+    /// The backup the keyspace holds, which only the changes are written
+    /// over.
+    fn baseline(&self) -> Option<&Path> {
+        match self {
+            Step::Catchup { since, .. } | Step::Since(since) => Some(since),
+            Step::Whole | Step::Bulk(_) => None,
+        }
+    }
 }
 
 /// Runs `idemd copy-to-cql`; the summary goes to stdout, progress to
@@ -59,45 +119,49 @@ pub async fn run(args: &CopyToCqlArgs) -> Result<CopyReport, CliError> {
     let keyring = settings
         .load_keyring()
         .map_err(|e| CliError::Usage(format!("invalid configuration: {e}")))?;
-    let step = match (&args.from_backup, &args.since_backup) {
-        (Some(backup), _) => Step::Bulk(backup.clone()),
-        (None, Some(backup)) => Step::Since(backup.clone()),
-        (None, None) => Step::Whole,
-    };
-    if let Step::Since(backup) = &step {
-        check_bulk_copied(backup, &cql.keyspace)?;
-    }
+    let step = Step::from_args(args);
+    step.check(&cql.keyspace)?;
 
-    let mut options = EmbeddedOptions::new(match &step {
-        Step::Bulk(backup) => backup.clone(),
-        Step::Whole | Step::Since(_) => settings.data_dir.clone(),
-    });
+    let mut options = EmbeddedOptions::new(step.source(&settings.data_dir));
     options.cache_bytes = settings.store_cache_bytes;
     options.keyring = keyring.clone();
     options.role = "idemd copy-to-cql";
+    // Every page the copy reads is checked against its sum as it is read
+    // (store::embedded::blocks): a background scrub would read the same
+    // file a second time, on the clock of the stop.
+    options.scrub.rate = 0;
     let source = Arc::new(open_source(options.clone()).await?);
-    let baseline = match &step {
-        Step::Since(backup) => {
+    let baseline = match step.baseline() {
+        Some(since) => {
             let mut baseline = options.clone();
-            baseline.data_dir = backup.clone();
-            baseline.role = "idemd copy-to-cql (reading the backup it copied)";
+            baseline.data_dir = since.to_path_buf();
+            baseline.role = "idemd copy-to-cql (reading the backup the keyspace holds)";
             Some(Arc::new(open_source(baseline).await?))
         }
-        Step::Whole | Step::Bulk(_) => None,
+        None => None,
     };
     let total = export::stored_records(&source).map_err(failed("read the embedded store"))?;
     // The leases held when idemd stopped get the time it has been stopped
     // (transfer, "Leases across the move"); a bulk copy runs while it
     // serves and the step after it writes the leases again.
-    let lease_credit = match &step {
-        Step::Bulk(_) => None,
-        Step::Whole | Step::Since(_) => lease_credit(&settings.data_dir, args.lease_grace.into()),
+    let lease_credit = if step.while_serving() {
+        None
+    } else {
+        lease_credit(&settings.data_dir, args.lease_grace.into())
     };
 
     let target = CqlStore::open_with_keyring(cql, keyring)
         .await
         .map_err(failed("open the CQL store"))?;
-    let finished_before = match mark_copying(&step, &settings.data_dir, cql, &target).await {
+    let marked = match &step {
+        Step::Catchup { backup, since } => supersede(since, backup, &cql.keyspace),
+        Step::Whole | Step::Bulk(_) | Step::Since(_) => Ok(()),
+    };
+    let marked = match marked {
+        Ok(()) => mark_copying(&step, &settings.data_dir, cql, &target).await,
+        Err(e) => Err(e),
+    };
+    let finished_before = match marked {
         Ok(finished_before) => finished_before,
         Err(e) => {
             let _ = target.close().await;
@@ -109,6 +173,11 @@ pub async fn run(args: &CopyToCqlArgs) -> Result<CopyReport, CliError> {
         match &step {
             Step::Whole => format!("every live record of {}", settings.data_dir.display()),
             Step::Bulk(backup) => format!("every live record of the backup {}", backup.display()),
+            Step::Catchup { backup, since } => format!(
+                "what changed from the backup {} to the backup {}",
+                since.display(),
+                backup.display()
+            ),
             Step::Since(backup) => format!(
                 "what changed in {} since the backup {}",
                 settings.data_dir.display(),
@@ -156,7 +225,7 @@ pub async fn run(args: &CopyToCqlArgs) -> Result<CopyReport, CliError> {
     let _ = source.close().await;
     marked?;
     // Every live record is in the keyspace: replicas may start on it.
-    if !matches!(step, Step::Bulk(_)) && !finished_before {
+    if !step.while_serving() && !finished_before {
         let cleared = CutoverMark::clear(target.session(), &cql.keyspace).await;
         cleared.map_err(failed("clear the keyspace's cut-over mark"))?;
         eprintln!(
@@ -181,7 +250,7 @@ async fn mark_copying(
     cql: &crate::store::cql::CqlOptions,
     target: &CqlStore,
 ) -> Result<bool, CliError> {
-    let finished_before = !matches!(step, Step::Bulk(_))
+    let finished_before = !step.while_serving()
         && MovedMarker::read(data_dir)
             .ok()
             .flatten()
@@ -189,12 +258,8 @@ async fn mark_copying(
     if finished_before {
         return Ok(true);
     }
-    let source = match step {
-        Step::Bulk(backup) => backup.display().to_string(),
-        Step::Whole | Step::Since(_) => data_dir.display().to_string(),
-    };
     let copying = CutoverMark {
-        source,
+        source: step.source(data_dir).display().to_string(),
         started_at_ms: SystemClock.now_ms(),
     };
     copying
@@ -210,14 +275,15 @@ async fn mark_copying(
 fn mark(step: &Step, data_dir: &Path, keyspace: &str, nodes: &[String]) -> Result<(), CliError> {
     let marker = MovedMarker::now(keyspace, nodes);
     match step {
-        Step::Bulk(backup) => {
+        Step::Bulk(backup) | Step::Catchup { backup, .. } => {
             marker
                 .write_as(backup, BULK_COPIED_FILE)
                 .map_err(failed("mark the backup as copied"))?;
             eprintln!(
-                "the backup {} is in keyspace {keyspace}; idemd still serves {}: now stop it and run the same command with --since-backup {} instead of --from-backup (it copies only what changed since the backup)",
+                "the keyspace {keyspace} holds the backup {}; idemd still serves {}: either take a newer backup and catch up with --from-backup NEWER --since-backup {} (while it serves; the stop then carries only what changed since NEWER), or stop it and run the same command with only --since-backup {} (it copies what changed since the backup)",
                 backup.display(),
                 data_dir.display(),
+                backup.display(),
                 backup.display()
             );
         }
@@ -238,22 +304,88 @@ fn mark(step: &Step, data_dir: &Path, keyspace: &str, nodes: &[String]) -> Resul
     Ok(())
 }
 
-/// Refuses a `--since-backup` whose backup no `--from-backup` run copied
-/// whole into `keyspace`: the step writes only what changed since the
-/// backup, so without the bulk the keyspace would miss every other record.
-fn check_bulk_copied(backup: &Path, keyspace: &str) -> Result<(), CliError> {
-    match MovedMarker::read_as(backup, BULK_COPIED_FILE) {
-        Ok(Some(mark)) if mark.keyspace == keyspace => Ok(()),
-        Ok(Some(mark)) => Err(CliError::Refused(format!(
-            "the backup {} was copied into keyspace {}, not {keyspace}: --since-backup writes only what changed since it",
-            backup.display(),
-            mark.keyspace
+/// Refuses a `--since-backup` whose backup the keyspace does not hold:
+/// one no `--from-backup` copied whole into `keyspace` (the step writes
+/// only what changed since the backup, so without the bulk the keyspace
+/// would miss every other record), or one a catch-up has since brought the
+/// keyspace past (what the catch-up wrote would be missed). A catch-up run
+/// again over the same two backups (a resume) is allowed.
+fn check_bulk_copied(since: &Path, keyspace: &str, step: &Step) -> Result<(), CliError> {
+    let mark = match MovedMarker::read_as(since, BULK_COPIED_FILE) {
+        Ok(Some(mark)) if mark.keyspace == keyspace => mark,
+        Ok(Some(mark)) => {
+            return Err(CliError::Refused(format!(
+                "the backup {} was copied into keyspace {}, not {keyspace}: --since-backup writes only what changed since it",
+                since.display(),
+                mark.keyspace
+            )));
+        }
+        Ok(None) => {
+            return Err(CliError::Refused(format!(
+                "no `idemd copy-to-cql --from-backup {}` finished into keyspace {keyspace}: --since-backup writes only what changed since the backup, so copy the backup first (while idemd serves)",
+                since.display()
+            )));
+        }
+        Err(e) => return Err(failed("read the backup's copy mark")(e)),
+    };
+    let resuming = |later: &str| match step {
+        Step::Catchup { backup, .. } => same_dir(Path::new(later), backup),
+        Step::Whole | Step::Bulk(_) | Step::Since(_) => false,
+    };
+    match mark.superseded_by {
+        Some(later) if !resuming(&later) => Err(CliError::Refused(format!(
+            "keyspace {keyspace} no longer holds the backup {}: a catch-up to the backup {later} began since; finish it (run it again: --from-backup {later} --since-backup {}), then give --since-backup {later}",
+            since.display(),
+            since.display()
         ))),
-        Ok(None) => Err(CliError::Refused(format!(
-            "no `idemd copy-to-cql --from-backup {}` finished into keyspace {keyspace}: --since-backup writes only what changed since the backup, so copy the backup first (while idemd serves)",
+        _ => Ok(()),
+    }
+}
+
+/// Refuses a catch-up whose source is not a later backup than the one the
+/// keyspace holds: two names of one backup, or the two given the wrong way
+/// round (the keyspace would go back in time, and later steps, trusting
+/// the marks, would build on that).
+fn check_later(backup: &Path, since: &Path) -> Result<(), CliError> {
+    if same_dir(backup, since) {
+        return Err(CliError::Usage(format!(
+            "--from-backup and --since-backup name the same backup {}: a catch-up copies what changed from the backup the keyspace holds to a newer one",
             backup.display()
-        ))),
-        Err(e) => Err(failed("read the backup's copy mark")(e)),
+        )));
+    }
+    let manifest =
+        |dir: &Path| backup::read_manifest(dir).map_err(|e| CliError::Usage(format!("{e}")));
+    let (later, earlier) = (manifest(backup)?, manifest(since)?);
+    if later.started_at_ms <= earlier.started_at_ms {
+        return Err(CliError::Refused(format!(
+            "the backup {} was taken before the backup {} the keyspace holds: a catch-up goes from the backup the keyspace holds to a newer one (swap the two, or take a new backup)",
+            backup.display(),
+            since.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Marks `since` as superseded by `backup` before the catch-up writes its
+/// first record: from then on the keyspace may hold records of either, so
+/// `--since-backup since` refuses until the catch-up finished (then
+/// `--since-backup backup` is the step).
+fn supersede(since: &Path, backup: &Path, keyspace: &str) -> Result<(), CliError> {
+    let read = MovedMarker::read_as(since, BULK_COPIED_FILE);
+    let mut mark = read
+        .map_err(failed("read the backup's copy mark"))?
+        .ok_or_else(|| CliError::Failed(format!("the copy mark of {} is gone", since.display())))?;
+    debug_assert_eq!(mark.keyspace, keyspace);
+    mark.superseded_by = Some(backup.display().to_string());
+    mark.write_as(since, BULK_COPIED_FILE)
+        .map_err(failed("mark the backup the keyspace held as superseded"))
+}
+
+/// Whether two paths name one directory (either may not exist yet).
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
     }
 }
 
@@ -296,11 +428,10 @@ fn changes(
     let (pages, received) = tokio::sync::mpsc::channel(PAGES_AHEAD);
     tokio::task::spawn_blocking(move || {
         let now = || SystemClock.now_ms();
-        let after = Export::new(&store, now);
         let send = |batch: StoreResult<Vec<Change>>| pages.blocking_send(batch).is_ok();
-        match &baseline {
+        match baseline {
             None => {
-                for page in after {
+                for page in Export::new(&store, now) {
                     let batch = page.map(|page| {
                         let puts = page.records.into_iter();
                         puts.map(|after| Change::Put {
@@ -316,7 +447,7 @@ fn changes(
                 }
             }
             Some(baseline) => {
-                let mut merged = export::Changes::new(Export::new(baseline, now), after);
+                let mut merged = export::Changes::new(baseline, store, now);
                 loop {
                     let batch: StoreResult<Vec<Change>> =
                         merged.by_ref().take(EXPORT_PAGE).collect();

@@ -429,12 +429,16 @@ pub struct CopyToCqlArgs {
     /// (`idemd backup`, taken while idemd serves) and nothing else: the
     /// data directory is not read, its idemd keeps serving, and nothing is
     /// marked as moved. Then stop idemd and copy the rest with
-    /// `--since-backup` and the same backup.
-    #[arg(long, conflicts_with = "since_backup")]
+    /// `--since-backup` and the same backup. With `--since-backup` too, a
+    /// catch-up (still while idemd serves): only what changed between the
+    /// two backups is written, and the stop then copies what changed since
+    /// the later one.
+    #[arg(long)]
     pub from_backup: Option<PathBuf>,
-    /// The short cut-over's second step (idemd stopped): the backup an
-    /// earlier `--from-backup` copied. Only what changed since it is
-    /// written, so the stop lasts as long as the changes, not the store.
+    /// The backup the keyspace holds (the last `--from-backup` copied
+    /// into it). Alone, the short cut-over's last step (idemd stopped):
+    /// only what changed in the data directory since it is written, so the
+    /// stop lasts as long as the changes, not the store.
     #[arg(long)]
     pub since_backup: Option<PathBuf>,
     /// Added to the lease of every key IN_PROGRESS when idemd stopped,

@@ -343,19 +343,23 @@ async fn claim_on(
 }
 
 /// The short cut-over (issue 50): the bulk copied from a backup while the
-/// old idemd serves, then, stopped, only what changed since. Afterwards
-/// the keyspace holds exactly what the stopped store held: keys completed,
-/// released, released and claimed anew, and claimed since the backup; the
-/// lease held across the stop is credited with it (and a grace), so a
-/// takeover cannot follow from the move. `--since-backup` is refused for
-/// a backup no bulk copy finished.
+/// old idemd serves, a catch-up to a later backup (still serving), then,
+/// stopped, only what changed since the later one. Afterwards the keyspace
+/// holds exactly what the stopped store held: keys completed, released,
+/// released and claimed anew, and claimed since the backups; the lease
+/// held across the stop is credited with it (and a grace), so a takeover
+/// cannot follow from the move. Refused: `--since-backup` for a backup no
+/// bulk copy finished, and for one a catch-up went past; a catch-up from a
+/// backup to itself, or back to an older one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_short_cutover_copies_the_bulk_while_serving_and_only_the_changes_when_stopped() {
+async fn a_short_cutover_copies_the_bulk_and_catches_up_while_serving_and_only_the_changes_when_stopped()
+ {
     let options = own_keyspace("short_cutover").await;
     let keyspace = options.keyspace.clone();
     let tenant = format!("short-{}-{}", std::process::id(), ts_nanos());
     let scratch = tempfile::tempdir().expect("dir");
     let (data, backup) = (scratch.path().join("data"), scratch.path().join("backup"));
+    let later = scratch.path().join("later");
     let server = crate::common::process::spawn(&data, &[]);
     let client = crate::common::connect(server.addr).await;
     let long = Duration::from_secs(600);
@@ -403,20 +407,23 @@ async fn a_short_cutover_copies_the_bulk_while_serving_and_only_the_changes_when
     let changed = claim_on(&client, &tenant, "changed", long).await;
     let released = claim_on(&client, &tenant, "released", long).await;
     let reclaimed = claim_on(&client, &tenant, "reclaimed", long).await;
-    let held = claim_on(&client, &tenant, "held", Duration::from_secs(30)).await;
-    let backed_up = std::process::Command::new(crate::common::process::this_idemd())
-        .args(["backup", "--data-dir"])
-        .arg(&data)
-        .arg("--to")
-        .arg(&backup)
-        .env("IDEMD_METRICS_LISTEN", "off")
-        .output()
-        .expect("idemd backup");
-    assert!(
-        backed_up.status.success(),
-        "{}",
-        String::from_utf8_lossy(&backed_up.stderr)
-    );
+    let held = claim_on(&client, &tenant, "held", Duration::from_secs(90)).await;
+    let back_up = |to: &Path| {
+        let backed_up = std::process::Command::new(crate::common::process::this_idemd())
+            .args(["backup", "--data-dir"])
+            .arg(&data)
+            .arg("--to")
+            .arg(to)
+            .env("IDEMD_METRICS_LISTEN", "off")
+            .output()
+            .expect("idemd backup");
+        assert!(
+            backed_up.status.success(),
+            "{}",
+            String::from_utf8_lossy(&backed_up.stderr)
+        );
+    };
+    back_up(&backup);
 
     let too_early = copy_command(
         &data,
@@ -453,9 +460,62 @@ async fn a_short_cutover_copies_the_bulk_while_serving_and_only_the_changes_when
         "a replica started between the bulk and the last step: {said}"
     );
 
-    // Since the backup, while the old idemd still serves.
+    // Since the backup, while the old idemd still serves; then a catch-up
+    // to a later backup.
     complete("changed", changed.lease_token).await;
     release("released", released.lease_token).await;
+    back_up(&later);
+    let (b1, b2) = (backup.display().to_string(), later.display().to_string());
+    let itself = copy_command(
+        &data,
+        &keyspace,
+        &["--from-backup", &b1, "--since-backup", &b1],
+    );
+    let said = String::from_utf8_lossy(&itself.stderr);
+    assert!(
+        !itself.status.success() && said.contains("name the same backup"),
+        "a catch-up from a backup to itself: {said}"
+    );
+    let catchup = copy_command(
+        &data,
+        &keyspace,
+        &["--from-backup", &b2, "--since-backup", &b1],
+    );
+    let summary = String::from_utf8_lossy(&catchup.stdout);
+    assert!(
+        catchup.status.success(),
+        "catch-up while serving: {}",
+        String::from_utf8_lossy(&catchup.stderr)
+    );
+    // "changed" completed, "released" gone; no lease credited while the
+    // old node serves.
+    for part in [
+        "1 copied",
+        "1 removed",
+        "3 unchanged",
+        "0 conflicts",
+        "0 leases credited",
+    ] {
+        assert!(summary.contains(part), "catch-up {part}: {summary}");
+    }
+    let back = copy_command(
+        &data,
+        &keyspace,
+        &["--from-backup", &b1, "--since-backup", &b2],
+    );
+    let said = String::from_utf8_lossy(&back.stderr);
+    assert!(
+        !back.status.success() && said.contains("was taken before"),
+        "a catch-up back to an older backup: {said}"
+    );
+    let passed = copy_command(&data, &keyspace, &["--since-backup", &b1]);
+    let said = String::from_utf8_lossy(&passed.stderr);
+    assert!(
+        !passed.status.success() && said.contains(&format!("give --since-backup {b2}")),
+        "--since-backup of a backup the keyspace went past: {said}"
+    );
+
+    // Since the later backup.
     release("reclaimed", reclaimed.lease_token.clone()).await;
     let anew = claim_on(&client, &tenant, "reclaimed", long).await;
     let fresh = claim_on(&client, &tenant, "fresh", long).await;
@@ -467,23 +527,20 @@ async fn a_short_cutover_copies_the_bulk_while_serving_and_only_the_changes_when
     // A stop longer than nothing: the credit must cover it.
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let delta = copy_command(
-        &data,
-        &keyspace,
-        &["--since-backup", &backup.display().to_string()],
-    );
+    let delta = copy_command(&data, &keyspace, &["--since-backup", &b2]);
     let summary = String::from_utf8_lossy(&delta.stdout);
     assert!(
         delta.status.success(),
         "delta: {}",
         String::from_utf8_lossy(&delta.stderr)
     );
-    // Copied: "changed", "reclaimed", "fresh", and "held" with its lease
-    // credited; unchanged: "done".
+    // Copied: "reclaimed" (released and claimed anew), "fresh", and "held"
+    // with its lease credited; unchanged since the later backup: "done",
+    // "changed"; credited: "held" and the new claim of "reclaimed".
     for part in [
-        "4 copied",
-        "1 removed",
-        "1 unchanged",
+        "3 copied",
+        "0 removed",
+        "2 unchanged",
         "0 conflicts",
         "2 leases credited",
     ] {

@@ -19,6 +19,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+mod front_doors;
 mod paths;
 mod sdk_graphs;
 

@@ -4,8 +4,9 @@
 //!
 //! The operator's steps, with the binary under test, as the docs give
 //! them: `idemd backup` of the serving embedded idemd, `idemd copy-to-cql
-//! --from-backup` while it serves, its SIGTERM, `idemd copy-to-cql
-//! --since-backup`, then `idemd --store cql`. The workers call the embedded
+//! --from-backup` while it serves, a second backup and the catch-up to it
+//! (`--from-backup LATER --since-backup FIRST`, still serving), its SIGTERM,
+//! `idemd copy-to-cql --since-backup LATER`, then `idemd --store cql`. The workers call the embedded
 //! replica and the cluster's replica (not started before the cut-over: a
 //! refused connection moves them to the other, as a load balancer would),
 //! retrying through the stop; their history is judged by the suite's
@@ -13,7 +14,7 @@
 //! replays there, no key has two holders.
 //!
 //! Beside them, holders claim keys with a 30 s lease under `on_expired_lease
-//! = "takeover"` on the embedded replica before the stop, and the stop is
+//! = "takeover"` on the embedded replica just before the stop, and the stop is
 //! held past [`STOP`] (longer than the lease): once the cluster serves,
 //! contenders claim the same keys there (each must be told `in_progress`:
 //! a takeover now would run the key twice), then the holders complete with
@@ -53,6 +54,7 @@ pub async fn cutover(cluster: &Cluster, setup: &Setup<'_>) -> anyhow::Result<Rep
     )?;
     let config_flags = vec!["--config".to_string(), config.display().to_string()];
     let (data, backup) = (dir.path().join("data"), dir.path().join("backup"));
+    let later = dir.path().join("later");
     let mut cql_flags = cluster.flags();
     cql_flags.extend(config_flags.clone());
     let new = Server::new(setup.bin, &dir.path().join("cql"), setup.log_dir, cql_flags)?;
@@ -66,15 +68,6 @@ pub async fn cutover(cluster: &Cluster, setup: &Setup<'_>) -> anyhow::Result<Rep
     let mut run = Run::start_some(vec![new, old], &[1], &load, dir).await?;
     let old_address = run.servers[1].address.clone();
     tokio::time::sleep(Duration::from_secs(2)).await;
-
-    let mut held = Vec::new();
-    let run_id = format!("{:08x}", rand::random::<u32>());
-    for holder in 0..HOLDERS {
-        let key = format!("cutover-{run_id}-held-{holder}");
-        let token = claim_held(&old_address, &key).await?;
-        run.history.claimed(&key, &token);
-        held.push((key, token));
-    }
 
     run.history.phase("bulk");
     // The copies take the cluster's flags, not the server's `--store`, and
@@ -118,10 +111,37 @@ pub async fn cutover(cluster: &Cluster, setup: &Setup<'_>) -> anyhow::Result<Rep
         }
     }
 
+    // What the workers changed during the bulk, copied while serving.
+    run.history.phase("catch-up");
+    operator.run(&["backup", "--to", &later.display().to_string()], true)?;
+    let catchup = operator.run(
+        &[
+            "copy-to-cql",
+            "--from-backup",
+            &later.display().to_string(),
+            "--since-backup",
+            &backup.display().to_string(),
+        ],
+        false,
+    )?;
+    notes.push(format!("caught up while serving: {}", catchup.trim()));
+
+    // Claimed just before the stop, so that their leases are live when it
+    // begins (the bulk and the catch-up take longer than a lease under
+    // load): the stop alone is longer than them.
+    let mut held = Vec::new();
+    let run_id = format!("{:08x}", rand::random::<u32>());
+    for holder in 0..HOLDERS {
+        let key = format!("cutover-{run_id}-held-{holder}");
+        let token = claim_held(&old_address, &key).await?;
+        run.history.claimed(&key, &token);
+        held.push((key, token));
+    }
+
     run.history.phase("stop");
     let stopped = Instant::now();
     run.servers[1].stop().await?;
-    let delta = operator.copy("--since-backup", &backup)?;
+    let delta = operator.copy("--since-backup", &later)?;
     let copied_in = stopped.elapsed();
     notes.push(format!(
         "changes copied {:.1} s after the SIGTERM: {}",

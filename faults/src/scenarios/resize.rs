@@ -1,9 +1,10 @@
 //! `resize-kill`: the embedded store killed inside a resize of its database
 //! file, under load.
 //!
-//! The store keeps a checksum of every block of the file; a resize writes
-//! the checksums first, then the file (`store::embedded::blocks` in the
-//! idemd crate). For each crash point of a resize, growth and shrink,
+//! The store keeps a checksum of every block of the file; a growth writes
+//! the checksums first, then the file, a shrink the other way round, so a
+//! stop between the two leaves more checksums than blocks
+//! (`store::embedded::blocks` in the idemd crate). For each crash point of a resize, growth and shrink,
 //! between the two writes and after both (`IDEMD_CRASH_AT`, which aborts as
 //! `kill -9`), idemd is restarted with the point set while the clients keep
 //! calling, until it aborts there; then it is started without it: it must

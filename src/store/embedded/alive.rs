@@ -30,8 +30,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redb::Database;
 
-use super::EmbeddedOptions;
 use super::failure::storage_error;
+use super::options::EmbeddedOptions;
 use super::wal::crc32c;
 use crate::store::StoreError;
 

@@ -40,13 +40,15 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 
+use super::EmbeddedStore;
 use super::blocks::{Blocks, SUMS_FILE, VerifiedFile};
+use super::failure::storage_error;
 use super::fold::Overlay;
+use super::options::{DATABASE_FILE, EmbeddedOptions};
 use super::owner::DirOwner;
 use super::swap::{self, STAGING_DIR, Swap, is_store_file, list, sync_dir};
 use super::tables::{EXPIRY, PENDING, RECORDS, RedbTables, record_seq};
 use super::wal::LogTable;
-use super::{DATABASE_FILE, EmbeddedOptions, EmbeddedStore, storage_error};
 use crate::crash::crash_point;
 use crate::store::{BackupSummary, Store, StoreError, StoreResult};
 
@@ -290,7 +292,9 @@ fn write_manifest(out: &Path, summary: &BackupSummary) -> StoreResult<()> {
     sync_dir(out)
 }
 
-fn read_manifest(from: &Path) -> StoreResult<BackupSummary> {
+/// The manifest of the backup in `from`; refuses a directory `idemd
+/// backup` did not write.
+pub fn read_manifest(from: &Path) -> StoreResult<BackupSummary> {
     let path = from.join(MANIFEST);
     let text = std::fs::read_to_string(&path).map_err(|e| {
         StoreError::Unavailable(format!(

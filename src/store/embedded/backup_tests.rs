@@ -5,9 +5,10 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
+use super::EmbeddedStore;
 use super::backup::{MANIFEST, restore};
+use super::options::{DATABASE_FILE, EmbeddedOptions};
 use super::tests::{NOW, completed, id};
-use super::{DATABASE_FILE, EmbeddedOptions, EmbeddedStore};
 use crate::store::{Expected, RecordState, Store, StoreError};
 
 const RECORDS: usize = 3_000;

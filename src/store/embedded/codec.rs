@@ -67,6 +67,38 @@ struct RecordValue {
     sealed_response: Option<Vec<u8>>,
 }
 
+/// The fields of a record value a merge of two exports decides on without
+/// decoding the rest ([`peek_record_value`]): prost skips the others,
+/// length-delimited ones by their length, without copying them.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RecordHead {
+    #[prost(int32, tag = "2")]
+    state: i32,
+    #[prost(int64, tag = "11")]
+    expires_at_ms: i64,
+}
+
+/// What [`peek_record_value`] reads of a record value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordPeek {
+    /// The record is IN_PROGRESS (its lease may need crediting).
+    pub in_progress: bool,
+    /// The end of its dedup window (Unix ms): live before it.
+    pub expires_at_ms: i64,
+}
+
+/// The state and expiry of an encoded record value, without decoding its
+/// strings, fingerprint or response: the cost of a key that two exports
+/// hold with the same bytes (`export::Changes`).
+pub fn peek_record_value(bytes: &[u8]) -> Result<RecordPeek, CodecError> {
+    use prost::Message as _;
+    let head = RecordHead::decode(bytes).map_err(|e| CodecError(e.to_string()))?;
+    Ok(RecordPeek {
+        in_progress: head.state == state_code(RecordState::InProgress),
+        expires_at_ms: head.expires_at_ms,
+    })
+}
+
 fn state_code(state: RecordState) -> i32 {
     match state {
         RecordState::InProgress => 1,
@@ -365,6 +397,31 @@ pub fn sample_record() -> Record {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The peek reads what a full decode reads, for every state.
+    #[test]
+    fn a_peek_reads_the_state_and_the_expiry_of_a_full_decode() {
+        for state in [
+            RecordState::InProgress,
+            RecordState::Completed,
+            RecordState::Failed,
+            RecordState::Unknown,
+        ] {
+            let mut record = sample_record();
+            record.state = state;
+            record.expires_at_ms = 1_234_567 + state_code(state) as i64;
+            let peek = peek_record_value(&encode_record(&record)).expect("peek");
+            assert_eq!(
+                peek,
+                RecordPeek {
+                    in_progress: state == RecordState::InProgress,
+                    expires_at_ms: record.expires_at_ms,
+                },
+                "{state:?}"
+            );
+        }
+        assert!(peek_record_value(&[0xff, 0xff, 0xff]).is_err(), "bad bytes");
+    }
 
     #[test]
     fn records_round_trip() {

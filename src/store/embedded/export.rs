@@ -26,16 +26,25 @@
 //! after the last key of the previous page: memory is one page of records
 //! ([`EXPORT_PAGE`]), whatever the store's size (10^7 records at a 24 h
 //! TTL on one busy node).
+//!
+//! # Length
+//!
+//! Over 700 lines, half of them tests: the export and the merge of two
+//! exports ([`Changes`]) share the page reader and the decoding, and the
+//! merge's contract (one change per key, in key order, unchanged keys
+//! counted without a decode) is tested against the export's.
 
 use std::collections::btree_map;
 use std::iter::Peekable;
 use std::ops::Bound;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use super::failure::storage_error;
+use super::options::EmbeddedOptions;
 use super::owner::{DirOwner, OwnerError};
 use super::tables::{RECORDS, decode_loaded};
-use super::{EmbeddedOptions, EmbeddedStore, codec, wal};
+use super::{EmbeddedStore, codec, wal};
 use crate::store::transfer::Change;
 use crate::store::{Record, StoreError, StoreResult};
 
@@ -119,14 +128,19 @@ pub struct ExportPage {
     pub scanned: usize,
 }
 
-/// Reads up to `limit` entries of `records` after `after` (from the start
-/// when `None`), keeping those live at `now_ms`. Blocking (redb reads).
-pub fn export_page(
-    store: &EmbeddedStore,
-    after: Option<&[u8]>,
-    limit: usize,
-    now_ms: i64,
-) -> StoreResult<ExportPage> {
+/// Up to `limit` entries of `records` after `after` (from the start when
+/// `None`), as stored: what [`export_page`] decodes and [`Changes`]
+/// compares. Blocking (redb reads).
+#[derive(Debug, Default)]
+struct RawPage {
+    /// `(key, value)` in key order, live or not.
+    entries: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Where the next page starts (exclusive): the last key read. `None`
+    /// when the table has no more entries.
+    resume_after: Option<Vec<u8>>,
+}
+
+fn raw_page(store: &EmbeddedStore, after: Option<&[u8]>, limit: usize) -> StoreResult<RawPage> {
     let start = match after {
         Some(key) => Bound::Excluded(key),
         None => Bound::Unbounded,
@@ -146,19 +160,53 @@ pub fn export_page(
     let changes = overlay
         .table(wal::LogTable::Records)
         .range::<[u8], _>((start, Bound::Unbounded));
-    let mut page = ExportPage::default();
-    for entry in WithOverlay::new(base, changes).take(limit) {
-        let (key, value) = entry?;
-        page.scanned += 1;
-        let id = codec::decode_record_key(&key).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        if let Some(loaded) = decode_loaded(&id, &value, now_ms)? {
-            page.records.push(store.unseal(loaded)?);
-            page.keys.push(key.clone());
+    let entries = WithOverlay::new(base, changes)
+        .take(limit)
+        .collect::<StoreResult<Vec<_>>>()?;
+    let resume_after = if entries.len() < limit {
+        None
+    } else {
+        entries.last().map(|(key, _)| key.clone())
+    };
+    Ok(RawPage {
+        entries,
+        resume_after,
+    })
+}
+
+/// The record stored as `value` under `key`, its response opened, if it is
+/// live at `now_ms`.
+fn decode_live(
+    store: &EmbeddedStore,
+    key: &[u8],
+    value: &[u8],
+    now_ms: i64,
+) -> StoreResult<Option<Record>> {
+    let id = codec::decode_record_key(key).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    decode_loaded(&id, value, now_ms)?
+        .map(|loaded| store.unseal(loaded))
+        .transpose()
+}
+
+/// Reads up to `limit` entries of `records` after `after` (from the start
+/// when `None`), keeping those live at `now_ms`. Blocking (redb reads).
+pub fn export_page(
+    store: &EmbeddedStore,
+    after: Option<&[u8]>,
+    limit: usize,
+    now_ms: i64,
+) -> StoreResult<ExportPage> {
+    let raw = raw_page(store, after, limit)?;
+    let mut page = ExportPage {
+        scanned: raw.entries.len(),
+        resume_after: raw.resume_after,
+        ..ExportPage::default()
+    };
+    for (key, value) in raw.entries {
+        if let Some(record) = decode_live(store, &key, &value, now_ms)? {
+            page.records.push(record);
+            page.keys.push(key);
         }
-        page.resume_after = Some(key);
-    }
-    if page.scanned < limit {
-        page.resume_after = None;
     }
     Ok(page)
 }
@@ -209,107 +257,215 @@ impl<N: FnMut() -> i64> Iterator for Export<'_, N> {
     }
 }
 
-/// The live records of one export one at a time, with their stored keys.
-struct Entries<'a, N: FnMut() -> i64> {
-    /// The pages.
-    export: Export<'a, N>,
-    /// The rest of the current page, in key order.
-    page: std::vec::IntoIter<(Vec<u8>, Record)>,
+/// A stored `(key, value)` of the `records` table.
+type RawEntry = (Vec<u8>, Vec<u8>);
+
+/// Raw pages of one store read ahead on a thread of their own, so that the
+/// two sides of a [`Changes`] are read at once (two cores) while the merge
+/// compares.
+struct RawEntries {
+    /// Pages from the reading thread; closed after the last one or the
+    /// first error.
+    pages: std::sync::mpsc::Receiver<StoreResult<Vec<RawEntry>>>,
+    /// The rest of the current page.
+    page: std::vec::IntoIter<RawEntry>,
     /// The entry [`Self::peek`] returned, not taken yet.
-    peeked: Option<(Vec<u8>, Record)>,
+    peeked: Option<RawEntry>,
 }
 
-impl<'a, N: FnMut() -> i64> Entries<'a, N> {
-    fn new(export: Export<'a, N>) -> Self {
+/// Raw pages read ahead of the merge per side: a few MiB.
+const RAW_PAGES_AHEAD: usize = 4;
+
+impl RawEntries {
+    /// Starts reading `store` from its first key. The thread ends after the
+    /// last page, at the first error, or when this is dropped.
+    fn read(store: Arc<EmbeddedStore>) -> Self {
+        let (sender, pages) = std::sync::mpsc::sync_channel(RAW_PAGES_AHEAD);
+        let failed = sender.clone();
+        let reader = move || {
+            let mut after: Option<Vec<u8>> = None;
+            loop {
+                let page = raw_page(&store, after.as_deref(), EXPORT_PAGE);
+                let (entries, next) = match page {
+                    Ok(page) => (Ok(page.entries), page.resume_after),
+                    Err(error) => (Err(error), None),
+                };
+                if sender.send(entries).is_err() || next.is_none() {
+                    return;
+                }
+                after = next;
+            }
+        };
+        let spawned = std::thread::Builder::new()
+            .name("idemd-export".into())
+            .spawn(reader);
+        if let Err(e) = spawned {
+            let _ = failed.send(Err(storage_error("cannot start a reader thread", e)));
+        }
         Self {
-            export,
+            pages,
             page: Vec::new().into_iter(),
             peeked: None,
         }
     }
 
-    /// The next entry's key, reading the next page when this one is done.
+    /// The next entry's key, waiting for the next page when this one is
+    /// done.
     fn peek(&mut self) -> StoreResult<Option<&[u8]>> {
         while self.peeked.is_none() {
             if let Some(entry) = self.page.next() {
                 self.peeked = Some(entry);
                 break;
             }
-            match self.export.next() {
-                None => return Ok(None),
-                Some(page) => {
-                    let page = page?;
-                    let entries: Vec<_> = page.keys.into_iter().zip(page.records).collect();
-                    self.page = entries.into_iter();
-                }
+            match self.pages.recv() {
+                Err(_) => return Ok(None),
+                Ok(page) => self.page = page?.into_iter(),
             }
         }
         Ok(self.peeked.as_ref().map(|(key, _)| key.as_slice()))
     }
 
-    fn take(&mut self) -> Option<Record> {
-        self.peeked.take().map(|(_, record)| record)
+    fn take(&mut self) -> Option<RawEntry> {
+        self.peeked.take()
     }
 }
 
-/// What changed in a store since `baseline`, a backup of it whose records an
-/// earlier copy wrote into the target (`idemd copy-to-cql --since-backup`):
-/// both exports read page by page in key order and merged, one
-/// [`Change`] per key either holds live. Memory is two pages.
-pub struct Changes<'a, N: FnMut() -> i64, M: FnMut() -> i64> {
-    /// The backup's live records: what the target holds from the bulk copy.
-    before: Entries<'a, N>,
-    /// The store's live records: what the target must hold.
-    after: Entries<'a, M>,
+/// What changed in a store since `baseline`, a backup of it whose records
+/// an earlier copy wrote into the target (`idemd copy-to-cql
+/// --since-backup`): both read page by page in key order, each on a thread
+/// of its own, and merged, one [`Change`] per key either holds live.
+/// Memory is a few pages per side.
+///
+/// It runs while idemd is stopped, over every key of the store, so a key
+/// the two hold with the same bytes (nearly all: a backup copies the
+/// stored bytes) costs a byte comparison and a peek at two fields
+/// ([`codec::peek_record_value`]), not a decode: such keys come out
+/// counted, as [`Change::Unchanged`], unless IN_PROGRESS (a lease to
+/// credit, [`Change::Same`]). Keys whose bytes differ are decoded, and
+/// equal records among them are `Same` too (a response sealed twice).
+pub struct Changes<N: FnMut() -> i64> {
+    /// The backup: what the target holds from the earlier copy.
+    before: RawEntries,
+    /// The store: what the target must hold.
+    after: RawEntries,
+    /// The stores, to decode with (their keyrings open sealed responses).
+    stores: (Arc<EmbeddedStore>, Arc<EmbeddedStore>),
+    /// The clock expiry is judged by.
+    now: N,
+    /// Unchanged keys met since the last item.
+    unchanged: u64,
+    /// A change met while `unchanged` was still to be yielded.
+    held: Option<Change>,
     /// A read failed: no item follows the error.
     failed: bool,
 }
 
-impl<'a, N: FnMut() -> i64, M: FnMut() -> i64> Changes<'a, N, M> {
+/// Unchanged keys counted into one item at most, so that progress moves
+/// through a long unchanged stretch.
+const UNCHANGED_PER_ITEM: u64 = 4_096;
+
+impl<N: FnMut() -> i64> Changes<N> {
     /// The changes from `baseline` to `store`.
-    pub fn new(baseline: Export<'a, N>, store: Export<'a, M>) -> Self {
+    pub fn new(baseline: Arc<EmbeddedStore>, store: Arc<EmbeddedStore>, now: N) -> Self {
         Self {
-            before: Entries::new(baseline),
-            after: Entries::new(store),
+            before: RawEntries::read(Arc::clone(&baseline)),
+            after: RawEntries::read(Arc::clone(&store)),
+            stores: (baseline, store),
+            now,
+            unchanged: 0,
+            held: None,
             failed: false,
         }
     }
 
-    fn step(&mut self) -> StoreResult<Option<Change>> {
+    /// The next key's change; `Ok(None)` once both sides ended, and
+    /// `Ok(Some(None))` for a key with nothing to write (counted in
+    /// `unchanged` or expired on both sides).
+    fn step(&mut self) -> StoreResult<Option<Option<Change>>> {
         let order = match (self.before.peek()?, self.after.peek()?) {
             (None, None) => return Ok(None),
             (Some(_), None) => std::cmp::Ordering::Less,
             (None, Some(_)) => std::cmp::Ordering::Greater,
             (Some(before), Some(after)) => before.cmp(after),
         };
-        let change = match order {
-            std::cmp::Ordering::Less => self.before.take().map(|before| Change::Remove { before }),
-            std::cmp::Ordering::Greater => self.after.take().map(|after| Change::Put {
-                before: None,
-                after,
-            }),
-            std::cmp::Ordering::Equal => match (self.before.take(), self.after.take()) {
-                (Some(before), Some(after)) if before == after => Some(Change::Same(after)),
-                (before, Some(after)) => Some(Change::Put { before, after }),
-                (_, None) => None,
-            },
+        let now_ms = (self.now)();
+        let (baseline, store) = (&self.stores.0, &self.stores.1);
+        let decode = |store: &EmbeddedStore, entry: Option<RawEntry>| match entry {
+            Some((key, value)) => decode_live(store, &key, &value, now_ms),
+            None => Ok(None),
         };
-        Ok(change)
+        let change = match order {
+            std::cmp::Ordering::Less => {
+                decode(baseline, self.before.take())?.map(|before| Change::Remove { before })
+            }
+            std::cmp::Ordering::Greater => {
+                decode(store, self.after.take())?.map(|after| Change::Put {
+                    before: None,
+                    after,
+                })
+            }
+            std::cmp::Ordering::Equal => {
+                let (before, after) = (self.before.take(), self.after.take());
+                match (&before, &after) {
+                    (Some((_, old)), Some((key, new))) if old == new => {
+                        let peek = codec::peek_record_value(new)
+                            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                        if now_ms >= peek.expires_at_ms {
+                            None
+                        } else if peek.in_progress {
+                            decode_live(store, key, new, now_ms)?.map(Change::Same)
+                        } else {
+                            self.unchanged += 1;
+                            None
+                        }
+                    }
+                    _ => match (decode(baseline, before)?, decode(store, after)?) {
+                        (Some(before), Some(after)) if before == after => Some(Change::Same(after)),
+                        (before, Some(after)) => Some(Change::Put { before, after }),
+                        (Some(before), None) => Some(Change::Remove { before }),
+                        (None, None) => None,
+                    },
+                }
+            }
+        };
+        Ok(Some(change))
+    }
+
+    /// The unchanged keys counted so far, as an item.
+    fn counted(&mut self) -> Option<Change> {
+        let keys = std::mem::take(&mut self.unchanged);
+        (keys > 0).then_some(Change::Unchanged { keys })
     }
 }
 
-impl<N: FnMut() -> i64, M: FnMut() -> i64> Iterator for Changes<'_, N, M> {
+impl<N: FnMut() -> i64> Iterator for Changes<N> {
     type Item = StoreResult<Change>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if let Some(held) = self.held.take() {
+            return Some(Ok(held));
+        }
         if self.failed {
             return None;
         }
-        match self.step() {
-            Ok(change) => change.map(Ok),
-            Err(error) => {
-                self.failed = true;
-                Some(Err(error))
+        loop {
+            match self.step() {
+                Ok(None) => return self.counted().map(Ok),
+                Ok(Some(None)) if self.unchanged >= UNCHANGED_PER_ITEM => {
+                    return self.counted().map(Ok);
+                }
+                Ok(Some(None)) => {}
+                Ok(Some(Some(change))) => match self.counted() {
+                    Some(counted) => {
+                        self.held = Some(change);
+                        return Some(Ok(counted));
+                    }
+                    None => return Some(Ok(change)),
+                },
+                Err(error) => {
+                    self.failed = true;
+                    return Some(Err(error));
+                }
             }
         }
     }
@@ -369,7 +525,7 @@ mod tests {
     use super::*;
     use crate::crypto::Keyring;
     use crate::store::embedded::tests::{NOW, completed};
-    use crate::store::{InsertOutcome, Store};
+    use crate::store::{InsertOutcome, RecordState, Store};
 
     const KEYS: &str = "k1 AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
 
@@ -442,8 +598,24 @@ mod tests {
         );
     }
 
+    /// With a keyring (responses sealed anew, so no two values share their
+    /// bytes: every key is decoded) and without (a key unchanged shares its
+    /// bytes: only counted, unless IN_PROGRESS).
     #[tokio::test]
     async fn changes_since_a_baseline_name_each_key_once_in_key_order() {
+        for sealed in [true, false] {
+            changes_name_each_key_once(sealed).await;
+        }
+    }
+
+    async fn changes_name_each_key_once(sealed: bool) {
+        let options = |dir: &std::path::Path| {
+            if sealed {
+                options(dir)
+            } else {
+                EmbeddedOptions::new(dir)
+            }
+        };
         let (old_dir, new_dir) = (
             tempfile::tempdir().expect("dir"),
             tempfile::tempdir().expect("dir"),
@@ -455,11 +627,23 @@ mod tests {
         let new = EmbeddedStore::open(&options(new_dir.path())).expect("open");
         for i in 0..keys {
             let key = format!("key-{i:05}");
-            let record = completed(&key, b"same", later);
+            let mut record = completed(&key, b"same", later);
+            // Every 11th unchanged key is IN_PROGRESS (its lease may need
+            // crediting); the last one expired on both sides.
+            if i % 11 == 0 {
+                record.state = RecordState::InProgress;
+                record.response = None;
+                record.completed_at_ms = None;
+            }
+            if i == keys - 1 {
+                record.expires_at_ms = NOW;
+            }
             // Every 3rd key only in the baseline (removed), every 5th
             // changed, every 7th new (not in the baseline).
             if i % 7 != 0 {
-                old.insert_if_absent(&record, NOW).await.expect("insert");
+                old.insert_if_absent(&record, NOW - 1)
+                    .await
+                    .expect("insert");
             }
             if i % 3 == 0 && i % 7 != 0 {
                 continue;
@@ -469,19 +653,22 @@ mod tests {
             } else {
                 record
             };
-            new.insert_if_absent(&record, NOW).await.expect("insert");
+            new.insert_if_absent(&record, NOW - 1)
+                .await
+                .expect("insert");
         }
         for store in [old, new] {
             store.close().await.expect("close");
         }
         let old = open_stopped(&options(old_dir.path())).expect("open stopped");
         let new = open_stopped(&options(new_dir.path())).expect("open stopped");
-        let changes: Vec<Change> =
-            Changes::new(Export::new(&old, || NOW), Export::new(&new, || NOW))
-                .collect::<StoreResult<_>>()
-                .expect("changes");
-        assert_eq!(changes.len(), keys, "one change per key");
-        for (i, change) in changes.iter().enumerate() {
+        let changes: Vec<Change> = Changes::new(Arc::new(old), Arc::new(new), || NOW)
+            .collect::<StoreResult<_>>()
+            .expect("changes");
+        let same = |i: usize| !i.is_multiple_of(3) && !i.is_multiple_of(5) && !i.is_multiple_of(7);
+        let mut i = 0;
+        let mut counted = 0;
+        for change in &changes {
             let key = format!("key-{i:05}");
             match change {
                 Change::Remove { before } => {
@@ -506,11 +693,29 @@ mod tests {
                     );
                     assert_ne!(before.response, after.response);
                 }
-                Change::Same(same) => {
-                    assert!(i % 3 != 0 && i % 5 != 0 && i % 7 != 0, "{key} same");
-                    assert_eq!(same.id.key, key);
+                Change::Same(record) => {
+                    assert!(same(i), "{key} same");
+                    assert!(sealed || i % 11 == 0, "{key}: only IN_PROGRESS decoded");
+                    assert_eq!(record.id.key, key);
+                }
+                Change::Unchanged { keys } => {
+                    assert!(!sealed, "sealed twice, no two values are equal");
+                    let counted_keys = (i..i + *keys as usize).collect::<Vec<_>>();
+                    assert!(
+                        counted_keys.iter().all(|&k| same(k) && k % 11 != 0),
+                        "counted: {counted_keys:?}"
+                    );
+                    counted += keys;
+                    i += *keys as usize;
+                    continue;
                 }
             }
+            i += 1;
+        }
+        // The expired key is the last and unchanged: absent.
+        assert_eq!(i, keys - 1, "one change per live key (sealed: {sealed})");
+        if !sealed {
+            assert!(counted > (keys / 3) as u64, "{counted} counted");
         }
     }
 

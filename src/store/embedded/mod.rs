@@ -106,6 +106,7 @@ mod failure;
 mod fold;
 pub(crate) mod group;
 pub mod moved;
+mod options;
 mod overlay;
 pub mod owner;
 mod recovery;
@@ -137,6 +138,7 @@ pub(crate) use failure::storage_error;
 use failure::{Failures, damaged_because, without_panics};
 use fold::Overlay;
 use group::GroupCommit;
+pub use options::{DATABASE_FILE, DEFAULT_CACHE_BYTES, EmbeddedOptions, SERVE_ROLE};
 use overlay::{MergedKeys, redb_keys};
 use owner::DirOwner;
 use tables::Operation;
@@ -159,51 +161,6 @@ const QUEUE_DEPTH: usize = 8192;
 /// page is returned short (with a token): bounds the work of one request when
 /// filters reject most entries.
 const MAX_PENDING_SCAN_EXTRA: usize = 10_000;
-
-/// File name of the database inside the data directory.
-pub const DATABASE_FILE: &str = "idemd.redb";
-
-/// Default page cache of the embedded store (redb's cache). Fresh keys are
-/// written at random places in the B-trees, so a bigger cache mostly holds
-/// pages that will not be touched again soon; the OS page cache, which is not
-/// charged to idemd's resident memory, backs it (every block read from it is
-/// checked against its sum with the CPU's CRC instruction, a fraction of a
-/// microsecond). 8 MiB rather than 16 brought the resident peak at 1,000
-/// requests in flight from 64 to 54-58 MiB; 4 MiB rather than 8, with the
-/// completed-record cache at 4 MiB too, from 71 to 61.5 MiB, with no
-/// measurable change in fresh pairs/s (docs/benchmarks.md, P5).
-pub const DEFAULT_CACHE_BYTES: usize = 4 * 1024 * 1024;
-
-/// Tunables of the embedded store.
-#[derive(Debug, Clone)]
-pub struct EmbeddedOptions {
-    /// Directory holding the database file; created if missing.
-    pub data_dir: PathBuf,
-    /// Page cache size in bytes (redb's cache; bounds memory use).
-    pub cache_bytes: usize,
-    /// Encryption at rest of stored responses; `None` stores them in clear
-    /// (values sealed earlier then fail to read, naming their key id).
-    pub keyring: Option<Arc<Keyring>>,
-    /// Pace of the background check of every block ([`blocks`]).
-    pub scrub: ScrubOptions,
-    /// Who opens the store, written into the directory's owner file
-    /// ([`owner`]) so that a process refused the directory is told who
-    /// holds it.
-    pub role: &'static str,
-}
-
-impl EmbeddedOptions {
-    /// Defaults for `data_dir`.
-    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
-        Self {
-            data_dir: data_dir.into(),
-            cache_bytes: DEFAULT_CACHE_BYTES,
-            keyring: None,
-            scrub: ScrubOptions::default(),
-            role: SERVE_ROLE,
-        }
-    }
-}
 
 /// The embedded backend. Cheap to share behind an `Arc`.
 pub struct EmbeddedStore {
@@ -236,9 +193,6 @@ pub struct EmbeddedStore {
     /// Last, so it is released after everything above closed the files.
     _owner: DirOwner,
 }
-
-/// The role of a process that opens the store to serve (the default).
-pub const SERVE_ROLE: &str = "idemd serve";
 
 impl std::fmt::Debug for EmbeddedStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

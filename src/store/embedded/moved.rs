@@ -19,7 +19,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::storage_error;
+use super::failure::storage_error;
 use super::swap::{sync_dir, write_durably};
 use crate::store::{StoreError, StoreResult};
 
@@ -41,6 +41,14 @@ pub struct MovedMarker {
     pub cql_nodes: Vec<String>,
     /// When the copy finished (RFC 3339, UTC).
     pub moved_at: String,
+    /// In a backup's [`BULK_COPIED_FILE`] only: the later backup a
+    /// catch-up (`--from-backup LATER --since-backup THIS`) is bringing
+    /// the keyspace to, written before its first write. The keyspace then
+    /// no longer holds exactly this backup, so `--since-backup THIS`
+    /// would miss what the catch-up wrote; it refuses, naming the later
+    /// one. Absent in marks of earlier releases (nothing superseded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superseded_by: Option<String>,
 }
 
 impl MovedMarker {
@@ -50,6 +58,7 @@ impl MovedMarker {
             keyspace: keyspace.to_string(),
             cql_nodes: cql_nodes.to_vec(),
             moved_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            superseded_by: None,
         }
     }
 

@@ -31,7 +31,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::blocks::SUMS_FILE;
-use super::{DATABASE_FILE, storage_error};
+use super::failure::storage_error;
+use super::options::DATABASE_FILE;
 use crate::crash::crash_point;
 use crate::store::{StoreError, StoreResult};
 

@@ -24,10 +24,11 @@ use super::checkpoint::Checkpointer;
 use super::failure::{Classify, Failure, Failures, is_out_of_space, storage_error};
 use super::fold::{Folding, Overlay};
 use super::group::Batcher;
+use super::options::EmbeddedOptions;
 use super::overlay::Layer;
 use super::stages::{self, BatchTimes};
 use super::tables::{Backing, EXPIRY, Operation, RECORDS, RedbTables, Tables, record_seq};
-use super::{EmbeddedOptions, wal};
+use super::wal;
 use crate::crypto::Keyring;
 use crate::store::{StoreError, StoreResult};
 

@@ -10,8 +10,9 @@ use std::sync::atomic::Ordering;
 
 use redb::{BackendError, StorageBackend};
 
+use super::layout::{BLOCK, block_count, lock, to_index, write_lock, zero_sum};
 use super::sidecar::Header;
-use super::{BLOCK, Blocks, block_count, lock, to_index, write_lock, zero_sum};
+use super::sums::Blocks;
 use crate::store::embedded::wal::crc32c;
 
 /// The storage backend redb is given: the file of [`Blocks`], every read
@@ -61,23 +62,27 @@ impl StorageBackend for VerifiedFile {
         .min(count);
         let zeros = zero_sum();
         let added = vec![zeros; to_index(count - kept)];
-        // Sums first: a stop between the two leaves more sums than blocks,
-        // which the next open cuts back (see `load`).
-        blocks.sidecar.set_entry_count(count)?;
-        blocks.sidecar.write_entries(kept, &added)?;
-        // The fault suite's `resize-kill` stops here: the sums resized, the
-        // file not yet.
-        crate::crash::crash_point(if new_len >= old_len {
-            "resize-grow-sums"
+        // Whichever way, the sums are never shorter than the file at a
+        // stop between the two: more sums than blocks, which the next open
+        // cuts back (see `load`). Growing: the sums first (the new blocks'
+        // are known: zeros). Shrinking: the file first, since an open
+        // gives blocks beyond the sums the zero sum, and the tail a shrink
+        // cuts holds old pages, not zeros (issue 50: a stop between the
+        // sums and the file was reported as damage by the next scrub).
+        // The fault suite's `resize-kill` stops after each step.
+        if new_len >= old_len {
+            blocks.sidecar.set_entry_count(count)?;
+            blocks.sidecar.write_entries(kept, &added)?;
+            crate::crash::crash_point("resize-grow-sums");
+            blocks.data.set_len(new_len)?;
+            crate::crash::crash_point("resize-grow-data");
         } else {
-            "resize-shrink-sums"
-        });
-        blocks.data.set_len(new_len)?;
-        crate::crash::crash_point(if new_len >= old_len {
-            "resize-grow-data"
-        } else {
-            "resize-shrink-data"
-        });
+            blocks.data.set_len(new_len)?;
+            crate::crash::crash_point("resize-shrink-data");
+            blocks.sidecar.set_entry_count(count)?;
+            blocks.sidecar.write_entries(kept, &added)?;
+            crate::crash::crash_point("resize-shrink-sums");
+        }
         blocks.len.store(new_len, Ordering::Release);
         let mut sums = write_lock(&blocks.sums);
         sums.truncate(to_index(kept));

@@ -12,7 +12,8 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{BLOCK, Blocks, lock};
+use super::layout::{BLOCK, lock};
+use super::sums::Blocks;
 
 /// Default scrub rate: 32 MiB/s reads a 6.5 GB store (10^7 records) in
 /// about 200 s, a small share of a disk's bandwidth.

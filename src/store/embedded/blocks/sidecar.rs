@@ -29,7 +29,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
-use super::BLOCK;
+use super::layout::BLOCK;
 use crate::store::embedded::wal::crc32c;
 
 const MAGIC: &[u8; 8] = b"idemdsum";
