@@ -2,7 +2,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::Connection;
+use super::connection::Connection;
 use crate::config::AuditArgs;
 use crate::proto::v1 as pb;
 use crate::proto::v1::audit_client::AuditClient;
@@ -90,7 +90,7 @@ pub async fn audit(args: &AuditArgs) -> Result<(), String> {
         let response = client
             .list_audit_events(request)
             .await
-            .map_err(|status| super::CliError::from_status(&status).to_string())?
+            .map_err(|status| super::error::CliError::from_status(&status).to_string())?
             .into_inner();
         for event in &response.events {
             println!("{}", format_event(event, args.json));

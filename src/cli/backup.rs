@@ -11,7 +11,7 @@ use std::path::Path;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::UnixStream;
 
-use super::CliError;
+use super::error::CliError;
 use crate::admin::{ADMIN_SOCKET, AdminReply, AdminRequest};
 use crate::config::{BackupArgs, RestoreArgs};
 use crate::store::embedded::{EmbeddedOptions, backup};

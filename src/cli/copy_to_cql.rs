@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 
-use super::CliError;
+use super::error::CliError;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{CopyToCqlArgs, Settings, StoreSettings};
 use crate::store::cql::CqlStore;

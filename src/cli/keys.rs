@@ -16,7 +16,8 @@
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::{Duration, SystemTime};
 
-use super::{CliError, Connection};
+use super::connection::Connection;
+use super::error::CliError;
 use crate::api::duration;
 use crate::config::{KeyRef, KeysArgs, KeysCommand, OutputFormat, VerdictArgs};
 use crate::proto::json;

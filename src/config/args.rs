@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use super::{
-    ConfigError, DEFAULT_ALLOW_UNAUTHENTICATED_REMOTE, DEFAULT_CACHE_BYTES, DEFAULT_CLAIM_BURST,
+use super::defaults::{
+    DEFAULT_ALLOW_UNAUTHENTICATED_REMOTE, DEFAULT_CACHE_BYTES, DEFAULT_CLAIM_BURST,
     DEFAULT_CLAIM_RATE, DEFAULT_DATA_DIR, DEFAULT_DRAIN_TIMEOUT, DEFAULT_LISTEN, DEFAULT_LOG,
     DEFAULT_MAX_IN_FLIGHT, DEFAULT_METRICS_LISTEN, DEFAULT_METRICS_MAX_LABELS,
     DEFAULT_PROXY_LISTEN, DEFAULT_SWEEP_INTERVAL,
 };
+use super::error::ConfigError;
 use crate::store::cql::{self, CqlConsistency, CqlOptions};
 use crate::store::embedded;
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{ConfigError, MAX_RESPONSE_BYTES_LIMIT, MAX_WAIT_LIMIT};
+use super::defaults::{MAX_RESPONSE_BYTES_LIMIT, MAX_WAIT_LIMIT};
+use super::error::ConfigError;
 use crate::engine::{ExpiredLeasePolicy, MAX_CLOCK_SKEW_LIMIT, Policy, PolicySet};
 use crate::fingerprint;
 

@@ -38,7 +38,8 @@ use std::time::Duration;
 use http::{HeaderName, Method};
 use serde::Deserialize;
 
-use super::{ConfigError, MAX_RESPONSE_BYTES_LIMIT, MAX_WAIT_LIMIT};
+use super::defaults::{MAX_RESPONSE_BYTES_LIMIT, MAX_WAIT_LIMIT};
+use super::error::ConfigError;
 
 /// What to do when the upstream answers 5xx.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
