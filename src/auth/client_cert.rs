@@ -50,7 +50,8 @@ use std::sync::{Arc, RwLock};
 
 use rustls::pki_types::CertificateDer;
 
-use super::{AuthError, Caller, Role, parse_endpoint_prefixes};
+use super::caller::{Caller, Role, parse_endpoint_prefixes};
+use super::error::AuthError;
 use crate::engine::validate;
 use crate::reload;
 

@@ -36,7 +36,9 @@
 //! Both files are re-read by [`crate::reload`] (on change and on SIGHUP);
 //! a file that fails to parse keeps the previous table in force.
 
+mod caller;
 pub mod client_cert;
+mod error;
 mod protected;
 
 use std::collections::HashMap;
@@ -49,7 +51,10 @@ use tonic::metadata::MetadataMap;
 
 use crate::engine::validate;
 use crate::reload;
+pub(crate) use caller::parse_endpoint_prefixes;
+pub use caller::{Action, Caller, Role};
 use client_cert::ClientTenants;
+pub use error::{ALLOW_REMOTE_FLAG, AuthError};
 pub use protected::{Access, is_loopback};
 
 /// Metadata key of the tenant when auth is off.
@@ -63,187 +68,8 @@ pub const TENANT_HEADER: &str = "x-tenant-id";
 #[derive(Debug, Clone)]
 pub struct PeerCertificates(pub Arc<Vec<rustls::pki_types::CertificateDer<'static>>>);
 
-/// The flag that lets a server with auth off answer remote callers; named
-/// by every protected-mode refusal.
-pub const ALLOW_REMOTE_FLAG: &str = "--allow-unauthenticated-remote";
-
 /// Tenant used when auth is off and no header is sent.
 pub const DEFAULT_TENANT: &str = "default";
-
-/// What a token may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Role {
-    /// Runs operations: Claim, Complete, Fail, ExtendLease, Lookup.
-    Service,
-    /// Also decides pending records and reads the audit log: ListPending,
-    /// Reconcile, ListAuditEvents.
-    Reconciler,
-    /// Everything.
-    Admin,
-}
-
-impl Role {
-    /// The role's name in the tokens file.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Service => "service",
-            Role::Reconciler => "reconciler",
-            Role::Admin => "admin",
-        }
-    }
-
-    /// The role named `value` in a tokens or client-tenants file.
-    pub fn parse(value: &str) -> Option<Self> {
-        match value {
-            "service" => Some(Role::Service),
-            "reconciler" => Some(Role::Reconciler),
-            "admin" => Some(Role::Admin),
-            _ => None,
-        }
-    }
-
-    /// The least role that may call an RPC of this kind.
-    fn allows(self, action: Action) -> bool {
-        let needed = match action {
-            Action::Execute => Role::Service,
-            Action::Reconcile | Action::ReadAudit => Role::Reconciler,
-        };
-        self >= needed
-    }
-}
-
-/// What an RPC does, for authorization.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    /// Claim, Complete, Fail, ExtendLease, Lookup.
-    Execute,
-    /// ListPending, Reconcile.
-    Reconcile,
-    /// ListAuditEvents.
-    ReadAudit,
-}
-
-/// The authenticated caller.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller {
-    /// The tenant every key of the call belongs to.
-    pub tenant: String,
-    /// What the caller may do.
-    pub role: Role,
-    /// Endpoint prefixes the caller may touch; `None` = any endpoint.
-    pub endpoint_prefixes: Option<Arc<[String]>>,
-}
-
-impl Caller {
-    /// What a call authenticated by both `self` and `other` (a token and a
-    /// client certificate) may do: they must name the same tenant; the call
-    /// gets the lesser role and only endpoints both allow-lists allow.
-    pub fn narrowed(self, other: &Caller) -> Result<Caller, AuthError> {
-        if self.tenant != other.tenant {
-            return Err(AuthError::TenantMismatch);
-        }
-        let endpoint_prefixes = match (&self.endpoint_prefixes, &other.endpoint_prefixes) {
-            (None, None) => None,
-            (Some(only), None) | (None, Some(only)) => Some(Arc::clone(only)),
-            (Some(mine), Some(theirs)) => {
-                // An endpoint matches both lists when it starts with a
-                // prefix of each; of two nested prefixes, the longer one
-                // says exactly that.
-                let mut both: Vec<String> = Vec::new();
-                for a in mine.iter() {
-                    for b in theirs.iter() {
-                        let longer = if a.starts_with(b.as_str()) {
-                            a
-                        } else if b.starts_with(a.as_str()) {
-                            b
-                        } else {
-                            continue;
-                        };
-                        if !both.contains(longer) {
-                            both.push(longer.clone());
-                        }
-                    }
-                }
-                Some(Arc::from(both))
-            }
-        };
-        Ok(Caller {
-            tenant: self.tenant,
-            role: self.role.min(other.role),
-            endpoint_prefixes,
-        })
-    }
-
-    /// Checks that the caller may perform `action` on `endpoint` (empty for
-    /// a listing across endpoints, which an allow-list forbids: the caller
-    /// must narrow it to an allowed endpoint).
-    pub fn authorize(&self, action: Action, endpoint: &str) -> Result<(), AuthError> {
-        if !self.role.allows(action) {
-            return Err(AuthError::RoleNotAllowed {
-                role: self.role.as_str(),
-            });
-        }
-        if let Some(prefixes) = &self.endpoint_prefixes {
-            let allowed = !endpoint.is_empty()
-                && prefixes
-                    .iter()
-                    .any(|prefix| endpoint.starts_with(prefix.as_str()));
-            if !allowed {
-                return Err(AuthError::EndpointNotAllowed);
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Why a caller was not authenticated.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AuthError {
-    /// No `authorization: Bearer` metadata.
-    #[error("missing credentials: send 'authorization: Bearer <token>'")]
-    Missing,
-    /// The token is not in the tokens file.
-    #[error("unknown token")]
-    Unknown,
-    /// Auth is off and the `x-tenant-id` value is not a valid tenant.
-    #[error("invalid x-tenant-id: {0}")]
-    BadTenantHeader(String),
-    /// The token's role does not include this RPC.
-    #[error("the token's role ({role}) does not allow this call")]
-    RoleNotAllowed {
-        /// The caller's role.
-        role: &'static str,
-    },
-    /// The token's endpoint allow-list does not include this endpoint (or
-    /// the listing is not narrowed to one endpoint).
-    #[error("the token is not allowed on this endpoint (name an endpoint it is allowed on)")]
-    EndpointNotAllowed,
-    /// mTLS tenants are on and the connection has no client certificate.
-    #[error("missing credentials: a client certificate is required")]
-    MissingCertificate,
-    /// The client certificate cannot be read.
-    #[error("{0}")]
-    BadCertificate(String),
-    /// No SAN of the client certificate is in the client-tenants mapping.
-    #[error("the client certificate maps to no tenant")]
-    UnmappedCertificate,
-    /// The client certificate's SANs map to different grants.
-    #[error("the client certificate's names map to different tenants or roles")]
-    AmbiguousCertificate,
-    /// The token and the client certificate name different tenants.
-    #[error("the token and the client certificate belong to different tenants")]
-    TenantMismatch,
-    /// Auth is off and the caller is not on the server's machine
-    /// (protected mode).
-    #[error(
-        "authentication is off and this server answers loopback callers only (protected mode); {who} is not loopback: configure --auth-tokens or --tls-client-tenants, or start idemd with {ALLOW_REMOTE_FLAG} (IDEMD_ALLOW_UNAUTHENTICATED_REMOTE=true) if unauthenticated remote callers are intended",
-        who = protected::describe_peer(.peer)
-    )]
-    RemoteWithoutAuthentication {
-        /// The caller's address, when known.
-        peer: Option<SocketAddr>,
-    },
-}
 
 /// A problem in the tokens file, with its line number.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -505,20 +331,6 @@ impl reload::Source for TokensSource {
         *self.tokens.write().unwrap_or_else(|e| e.into_inner()) = table;
         Ok(format!("{count} tokens"))
     }
-}
-
-/// The optional allow-list at the end of a tokens or client-tenants line:
-/// comma-separated endpoint prefixes; `None` when the rest is empty.
-pub(crate) fn parse_endpoint_prefixes(rest: &str) -> Result<Option<Arc<[String]>>, String> {
-    let rest = rest.trim();
-    if rest.is_empty() {
-        return Ok(None);
-    }
-    let prefixes: Vec<String> = rest.split(',').map(str::trim).map(str::to_string).collect();
-    if let Some(empty) = prefixes.iter().position(String::is_empty) {
-        return Err(format!("endpoint prefix {} is empty", empty + 1));
-    }
-    Ok(Some(Arc::from(prefixes)))
 }
 
 fn read_tokens(path: &Path) -> Result<TokenTable, TokenFileError> {

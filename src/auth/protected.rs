@@ -20,7 +20,8 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use super::{AuthError, Authenticator};
+use super::Authenticator;
+use super::error::AuthError;
 
 /// Which callers a server admits, for the start-up log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,14 +42,6 @@ impl Access {
             Access::LoopbackOnly => "loopback-only",
             Access::UnauthenticatedRemote => "unauthenticated-remote",
         }
-    }
-}
-
-/// A caller's address in a refusal (the port says nothing to the reader).
-pub(super) fn describe_peer(peer: &Option<SocketAddr>) -> String {
-    match peer {
-        Some(peer) => format!("caller {}", peer.ip()),
-        None => "a caller of unknown address".to_string(),
     }
 }
 
