@@ -3,7 +3,9 @@
 
 use tonic::{Request, Response, Status};
 
-use super::{IdempotencyService, duration, status, timestamp};
+use super::convert::{duration, timestamp};
+use super::idempotency::IdempotencyService;
+use super::status;
 use crate::audit::AuditEvent;
 use crate::auth::Action;
 use crate::engine::AuditRequest;

@@ -14,7 +14,7 @@ use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use scylla::value::CqlValue;
 
-use super::{AuditCursor, AuditEvent, AuditLog, AuditQuery, retention_ms};
+use super::log::{AuditCursor, AuditEvent, AuditLog, AuditQuery, retention_ms};
 use crate::store::StoreError;
 use crate::store::cql::session::{CqlOptions, connect, day_of, rows};
 

@@ -26,7 +26,7 @@ use async_trait::async_trait;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::oneshot;
 
-use super::{AuditCursor, AuditEvent, AuditLog, AuditQuery, retention_ms};
+use super::log::{AuditCursor, AuditEvent, AuditLog, AuditQuery, retention_ms};
 use crate::store::StoreError;
 use crate::store::embedded::group::{Batcher, GroupCommit};
 

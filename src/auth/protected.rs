@@ -20,7 +20,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use super::Authenticator;
+use super::authenticator::Authenticator;
 use super::error::AuthError;
 
 /// Which callers a server admits, for the start-up log.

@@ -14,7 +14,7 @@ use tokio::net::UnixStream;
 use super::error::CliError;
 use crate::admin::{ADMIN_SOCKET, AdminReply, AdminRequest};
 use crate::config::{BackupArgs, RestoreArgs};
-use crate::store::embedded::{EmbeddedOptions, backup};
+use crate::store::embedded::{EmbeddedOptions, restore};
 
 /// `idemd backup`: asks the server on `--data-dir` for a backup into `--to`
 /// and prints its progress and manifest.
@@ -79,7 +79,7 @@ pub async fn restore(args: &RestoreArgs) -> Result<(), CliError> {
         "idemd restore: checking every page and block of {} (one read of the file)",
         args.from.display()
     );
-    let summary = backup::restore(&args.from, &options, args.replace)
+    let summary = restore::restore(&args.from, &options, args.replace)
         .await
         .map_err(|e| CliError::Refused(e.to_string()))?;
     println!(

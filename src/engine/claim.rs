@@ -3,10 +3,11 @@
 
 use std::time::{Duration, Instant};
 
+use super::core::{Engine, MAX_CAS_ROUNDS, lease_of, ms, new_lease_token};
 use super::transitions::Transition;
 use super::{
-    ClaimInput, ClaimOutcome, ClaimResult, Engine, EngineError, EngineResult, ExpiredLeasePolicy,
-    FingerprintInput, MAX_CAS_ROUNDS, Policy, lease_of, ms, new_lease_token, validate,
+    ClaimInput, ClaimOutcome, ClaimResult, EngineError, EngineResult, ExpiredLeasePolicy,
+    FingerprintInput, Policy, validate,
 };
 use crate::fingerprint::{self, FingerprintError, RequestParts};
 use crate::store::{CasOutcome, Expected, InsertOutcome, Record, RecordKey, RecordState};

@@ -4,11 +4,9 @@
 
 use std::time::Instant;
 
+use super::core::{Engine, MAX_CAS_ROUNDS, contention, ms, no_live_claim, not_in_progress};
 use super::transitions::Transition;
-use super::{
-    Disposition, Engine, EngineError, EngineResult, MAX_CAS_ROUNDS, PreconditionReason, contention,
-    ms, no_live_claim, not_in_progress, validate,
-};
+use super::{Disposition, EngineError, EngineResult, PreconditionReason, validate};
 use crate::store::{CasOutcome, Expected, Record, RecordKey, RecordState, StoredResponse};
 
 impl Engine {

@@ -3,11 +3,14 @@
 
 use std::time::{Duration, Instant};
 
+use super::core::{
+    DEFAULT_PAGE_SIZE, Engine, MAX_CAS_ROUNDS, MAX_PAGE_SIZE, contention, lease_of, ms,
+    new_lease_token,
+};
 use super::transitions::Transition;
 use super::{
-    DEFAULT_PAGE_SIZE, Engine, EngineError, EngineResult, MAX_CAS_ROUNDS, MAX_PAGE_SIZE,
-    PendingInput, PendingSummary, PreconditionReason, ReconcileResult, Verdict, contention,
-    lease_of, ms, new_lease_token, validate,
+    EngineError, EngineResult, PendingInput, PendingSummary, PreconditionReason, ReconcileResult,
+    Verdict, validate,
 };
 use crate::store::{CasOutcome, Expected, PendingQuery, RecordState, count_pending};
 

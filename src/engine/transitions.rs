@@ -4,9 +4,8 @@
 
 use std::time::Instant;
 
-use super::{
-    AuditRequest, Engine, EngineError, EngineResult, PreconditionReason, key_hash, validate,
-};
+use super::core::{Engine, key_hash};
+use super::{AuditRequest, EngineError, EngineResult, PreconditionReason, validate};
 use crate::audit::{AuditCursor, AuditEvent, AuditQuery};
 use crate::store::Record;
 

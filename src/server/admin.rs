@@ -17,9 +17,11 @@ use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, Buf
 use tokio::net::{UnixListener, UnixStream};
 use tonic_health::ServingStatus;
 
-use super::SERVICE_NAME;
 use crate::admin::{ADMIN_SOCKET, AdminReply, AdminRequest};
 use crate::store::Store;
+
+/// Fully qualified name of the service, as health checks know it.
+pub const SERVICE_NAME: &str = "idemd.v1.Idempotency";
 
 /// Longest request line accepted.
 const MAX_REQUEST: usize = 64 * 1024;

@@ -53,11 +53,10 @@ pub mod admin;
 mod background;
 mod slot;
 
+pub use admin::SERVICE_NAME;
+
 /// A request on one of the HTTP front doors.
 type HttpRequest = http::Request<hyper::body::Incoming>;
-
-/// Fully qualified name of the service, as health checks know it.
-pub const SERVICE_NAME: &str = "idemd.v1.Idempotency";
 
 /// Largest gRPC message accepted: the largest stored response (4 MiB) or
 /// request body (1 MiB) plus headroom for the other fields.

@@ -9,10 +9,11 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 
-use super::{
-    CasOutcome, Expected, InsertOutcome, PendingCounts, PendingPage, PendingQuery, Record,
-    RecordKey, Store, StoreResult,
+use super::contract::{
+    CasOutcome, Expected, InsertOutcome, PendingCounts, PendingPage, PendingQuery, Store,
+    StoreResult,
 };
+use super::record::{Record, RecordKey};
 use crate::metrics as names;
 
 /// Wraps a store and measures it.
@@ -138,7 +139,7 @@ impl Store for InstrumentedStore {
         &self,
         to: &std::path::Path,
         progress: std::sync::Arc<dyn Fn(u64) + Send + Sync>,
-    ) -> StoreResult<super::BackupSummary> {
+    ) -> StoreResult<super::contract::BackupSummary> {
         self.inner.backup(to, progress).await
     }
 

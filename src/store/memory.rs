@@ -20,10 +20,11 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::{
-    CasOutcome, Expected, InsertOutcome, PendingPage, PendingQuery, Record, RecordKey, Store,
-    StoreError, StoreResult,
+use super::contract::{
+    CasOutcome, Expected, InsertOutcome, PendingPage, PendingQuery, Store, StoreResult,
 };
+use super::error::StoreError;
+use super::record::{Record, RecordKey};
 
 /// Position in the pending index: tenant, when the record started to need
 /// a decision, endpoint, key (the order ListPending pages in).

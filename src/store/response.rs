@@ -26,7 +26,8 @@
 //! was turned on stay readable after it is.
 
 use crate::crypto::{self, CryptoError, Keyring};
-use crate::store::{RecordKey, StoreError, StoredResponse};
+use crate::store::error::StoreError;
+use crate::store::record::{RecordKey, StoredResponse};
 
 /// Domain separation of the associated data: a sealed response cannot be
 /// mistaken for any other kind of sealed value added later.

@@ -72,9 +72,9 @@ use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 
-use super::{
-    CasOutcome, Expected, InsertOutcome, Record, RecordState, Store, StoreError, StoreResult,
-};
+use super::contract::{CasOutcome, Expected, InsertOutcome, Store, StoreResult};
+use super::error::StoreError;
+use super::record::{Record, RecordState};
 use crate::clock::Clock;
 
 /// Records written at once by default: enough to keep a cluster's LWT

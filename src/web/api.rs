@@ -26,9 +26,9 @@
 use http::{HeaderValue, Method, StatusCode, header};
 use hyper::body::Incoming;
 
+use super::call::{Connection, Services, grpc_request, read_body};
 use super::problem::Problem;
 use super::serve::{Body, boxed, full};
-use super::{Connection, Services, grpc_request, read_body};
 use crate::proto::json::{self, JsonError};
 use crate::proto::v1 as pb;
 use crate::proto::v1::audit_server::Audit;

@@ -27,8 +27,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::StreamExt;
 
+use super::call::{Connection, ConnectionCerts};
 use super::problem::Problem;
-use super::{Connection, ConnectionCerts};
 use crate::auth::Authenticator;
 use crate::tls::TlsServer;
 

@@ -6,8 +6,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::EmbeddedStore;
-use super::backup::{MANIFEST, restore};
+use super::backup::MANIFEST;
 use super::options::{DATABASE_FILE, EmbeddedOptions};
+use super::restore::restore;
 use super::tests::{NOW, completed, id};
 use crate::store::{Expected, RecordState, Store, StoreError};
 

@@ -43,8 +43,9 @@ use std::sync::Arc;
 use super::failure::storage_error;
 use super::options::EmbeddedOptions;
 use super::owner::{DirOwner, OwnerError};
+use super::store::EmbeddedStore;
 use super::tables::{RECORDS, decode_loaded};
-use super::{EmbeddedStore, codec, wal};
+use super::{codec, wal};
 use crate::store::transfer::Change;
 use crate::store::{Record, StoreError, StoreResult};
 

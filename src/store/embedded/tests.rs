@@ -2,12 +2,17 @@
 //! overlay, read back through it, folded into redb after it, and rebuilt
 //! by the replay after a crash in the middle of it.
 
+use std::path::Path;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::checkpoint::CHECKPOINT_INTERVAL;
+use super::checkpoint::{BeforeCheckpoint, CHECKPOINT_INTERVAL};
 use super::*;
-use crate::store::{Expected, RecordState, StoredResponse};
+use crate::store::{
+    CasOutcome, Expected, InsertOutcome, PendingQuery, Record, RecordKey, RecordState, Store,
+    StoredResponse,
+};
 
 pub(crate) const NOW: i64 = 1_000_000;
 

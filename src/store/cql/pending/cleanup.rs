@@ -1,6 +1,6 @@
 //! Deleting the entries a record write made stale: which ones (the old due
-//! instant, in whichever table it may be), and the [`Cleaner`] that deletes
-//! them, on the reply path or after it.
+//! instant, in whichever table it may be), and what the [`super::cleaner::Cleaner`]
+//! deletes, on the reply path or after it.
 //!
 //! Every delete is best effort: a failed one leaves an entry that readers
 //! verify against `records` and drop, so a cleanup never fails a request.
@@ -11,77 +11,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use scylla::client::session::Session;
-use scylla::statement::prepared::PreparedStatement;
-use tokio::sync::Semaphore;
-
-use super::PendingIndex;
-use super::entry::{Slot, bucket_of, shard_of};
+use super::cleaner::DETACHED_CLEANUPS;
+use super::entry::{Slot, bucket_of};
+use super::index::PendingIndex;
 use crate::store::{Record, RecordKey, RecordState};
-
-/// Detached index cleanups in flight at most (see
-/// [`PendingIndex::after_completion`]): far above what one replica's
-/// completions keep in flight while the cluster answers in milliseconds.
-const DETACHED_CLEANUPS: usize = 1024;
-
-/// What deletes index entries, owned, so a delete can outlive the request
-/// that started it.
-#[derive(Clone)]
-pub(super) struct Cleaner {
-    /// The store's session.
-    session: Arc<Session>,
-    /// `pending_buckets` delete.
-    bucket_delete: PreparedStatement,
-    /// `pending_overdue` delete.
-    overdue_delete: PreparedStatement,
-    /// Permits of the cleanups that run after the reply.
-    detached: Arc<Semaphore>,
-}
-
-impl Cleaner {
-    /// A cleaner with every detached permit free.
-    pub(super) fn new(
-        session: Arc<Session>,
-        bucket_delete: PreparedStatement,
-        overdue_delete: PreparedStatement,
-    ) -> Self {
-        Self {
-            session,
-            bucket_delete,
-            overdue_delete,
-            detached: Arc::new(Semaphore::new(DETACHED_CLEANUPS)),
-        }
-    }
-
-    /// Best effort: deletes the entry (`due`, endpoint, key) from each of
-    /// `slots`; failures are logged at debug and left for readers.
-    pub(super) async fn delete(&self, id: &RecordKey, due: i64, slots: &[Slot]) {
-        let shard = shard_of(&id.endpoint, &id.key);
-        for slot in slots {
-            let result = match slot {
-                Slot::Bucket(bucket) => {
-                    self.session
-                        .execute_unpaged(
-                            &self.bucket_delete,
-                            (&id.tenant, *bucket, shard, due, &id.endpoint, &id.key),
-                        )
-                        .await
-                }
-                Slot::Overdue => {
-                    self.session
-                        .execute_unpaged(
-                            &self.overdue_delete,
-                            (&id.tenant, shard, due, &id.endpoint, &id.key),
-                        )
-                        .await
-                }
-            };
-            if let Err(error) = result {
-                tracing::debug!(%error, "pending index cleanup failed; left for lazy removal");
-            }
-        }
-    }
-}
 
 impl PendingIndex {
     /// Best effort: deletes one entry from `slots`; failures are logged at

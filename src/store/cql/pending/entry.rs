@@ -6,8 +6,21 @@
 use scylla::value::CqlValue;
 
 use super::super::session::rows::NamedRow;
-use super::{BUCKET_MS, SHARDS};
 use crate::store::{Record, RecordState, StoreError, StoreResult};
+
+/// Width of one bucket of due instants. With [`SHARDS`] it sets the rows a
+/// partition receives: `claims/s × 20 s / 8` (2.5 rows per claim/s; 25,000
+/// at the default claim-rate ceiling of 10,000/s, an eighth of ScyllaDB's
+/// 200,000-row write guardrail and a quarter of Cassandra's tombstone
+/// failure threshold even if one read walked a whole partition, which none
+/// does). Never change it on a live keyspace: bucket numbers are stored.
+pub const BUCKET_MS: i64 = 20_000;
+
+/// Partitions per bucket (and overdue partitions per tenant). Spreads one
+/// tenant's index writes over 8 partitions, so on ScyllaDB over up to 8
+/// shards per replica; a read fans out to 8 partitions per bucket. Stored:
+/// never change it on a live keyspace.
+pub const SHARDS: i32 = 8;
 
 /// One index entry: `(due_at, endpoint, key)`, in the index's order.
 pub(in crate::store::cql) type Entry = (i64, String, String);

@@ -17,10 +17,11 @@ use std::ops::ControlFlow;
 
 use super::super::records::Records;
 use super::super::session::{day_of, rows, unavailable};
+use super::entry::{BUCKET_MS, SHARDS};
 use super::entry::{
     Entry, EntryVerdict, Slot, bucket_of, classify_entry, decode_token, encode_token, index_entry,
 };
-use super::{BUCKET_MS, PendingIndex, SHARDS};
+use super::index::PendingIndex;
 use crate::store::{PendingPage, PendingQuery, RecordKey, StoreError, StoreResult};
 
 /// Most steps ([`BUCKETS_PER_STEP`] buckets each) one ListPending call

@@ -32,8 +32,9 @@ use scylla::value::CqlValue;
 
 use super::super::records::Records;
 use super::super::session::{rows, ttl_seconds, unavailable};
+use super::entry::{BUCKET_MS, SHARDS};
 use super::entry::{EntryVerdict, bucket_of, classify_entry, shard_of};
-use super::{BUCKET_MS, PendingIndex, SHARDS};
+use super::index::PendingIndex;
 use crate::crash::crash_point_in;
 use crate::store::{PendingCounts, RecordKey, Store, StoreError, StoreResult, count_pending};
 
@@ -418,7 +419,7 @@ impl PendingIndex {
             .map(|c| (c.tenant.clone(), c.summary.clone()))
             .collect();
         if let Ok(mut summaries) = self.summaries.lock() {
-            *summaries = Some(super::ScannedSummaries {
+            *summaries = Some(super::index::ScannedSummaries {
                 at: std::time::Instant::now(),
                 by_tenant,
             });
