@@ -17,6 +17,7 @@ use crate::reload;
 use super::caller::{Caller, Role, parse_endpoint_prefixes};
 use super::client_cert::ClientTenants;
 use super::error::AuthError;
+use super::protected::{Access, is_loopback};
 
 /// Metadata key of the tenant when auth is off.
 pub const TENANT_HEADER: &str = "x-tenant-id";
@@ -104,23 +105,19 @@ pub fn parse_tokens(path: &Path, text: &str) -> Result<TokenTable, TokenFileErro
     Ok(table)
 }
 
-/// Resolves the tenant of each request.
-///
-/// # Where its methods live
-///
-/// Here, except protected mode (with auth off, which peers are served at
-/// all), in `protected.rs` with its reasons: a policy of its own that
-/// reads one field of this type.
+/// Resolves the tenant of each request. Its whole `impl` is in this file;
+/// protected mode's reasons and its [`Access`] levels are in
+/// `protected.rs`.
 #[derive(Debug, Clone)]
 pub struct Authenticator {
     /// `None`: auth off. Otherwise the live token table (swapped on reload).
-    pub(super) tokens: Option<Arc<RwLock<TokenTable>>>,
+    tokens: Option<Arc<RwLock<TokenTable>>>,
     /// Where the table comes from, for reloads.
-    pub(super) path: Option<PathBuf>,
+    path: Option<PathBuf>,
     /// mTLS: client-certificate SAN → caller.
-    pub(super) certs: Option<ClientTenants>,
+    certs: Option<ClientTenants>,
     /// With auth off: serve non-loopback callers too (protected mode off).
-    pub(super) allow_remote: bool,
+    allow_remote: bool,
 }
 
 impl Authenticator {
@@ -301,6 +298,40 @@ fn read_tokens(path: &Path) -> Result<TokenTable, TokenFileError> {
         description: format!("cannot read: {e}"),
     })?;
     parse_tokens(path, &text)
+}
+
+/// Protected mode (`protected.rs` says why): with auth off, which peers
+/// are served at all.
+impl Authenticator {
+    /// With auth off, also admits callers from other machines
+    /// (`--allow-unauthenticated-remote`); no effect with auth on.
+    pub fn allowing_unauthenticated_remote(mut self, allow: bool) -> Self {
+        self.allow_remote = allow;
+        self
+    }
+
+    /// Which callers are admitted.
+    pub fn access(&self) -> Access {
+        if self.is_enabled() {
+            Access::Credentials
+        } else if self.allow_remote {
+            Access::UnauthenticatedRemote
+        } else {
+            Access::LoopbackOnly
+        }
+    }
+
+    /// Refuses a caller at `peer` that protected mode does not admit: with
+    /// auth off and no opt-out, anything but a loopback address (an unknown
+    /// address included). The front doors ask once per connection; the
+    /// gRPC handlers once per call, through [`Self::authenticate_request`].
+    pub fn admit_peer(&self, peer: Option<SocketAddr>) -> Result<(), AuthError> {
+        match self.access() {
+            Access::Credentials | Access::UnauthenticatedRemote => Ok(()),
+            Access::LoopbackOnly if peer.is_some_and(|p| is_loopback(p.ip())) => Ok(()),
+            Access::LoopbackOnly => Err(AuthError::RemoteWithoutAuthentication { peer }),
+        }
+    }
 }
 
 #[cfg(test)]

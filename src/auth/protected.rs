@@ -18,10 +18,7 @@
 //! Health checks and reflection stay open (they reveal no tenant's data,
 //! and probes come from other addresses).
 
-use std::net::{IpAddr, SocketAddr};
-
-use super::authenticator::Authenticator;
-use super::error::AuthError;
+use std::net::IpAddr;
 
 /// Which callers a server admits, for the start-up log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,44 +48,14 @@ pub fn is_loopback(ip: IpAddr) -> bool {
     ip.to_canonical().is_loopback()
 }
 
-impl Authenticator {
-    /// With auth off, also admits callers from other machines
-    /// (`--allow-unauthenticated-remote`); no effect with auth on.
-    pub fn allowing_unauthenticated_remote(mut self, allow: bool) -> Self {
-        self.allow_remote = allow;
-        self
-    }
-
-    /// Which callers are admitted.
-    pub fn access(&self) -> Access {
-        if self.is_enabled() {
-            Access::Credentials
-        } else if self.allow_remote {
-            Access::UnauthenticatedRemote
-        } else {
-            Access::LoopbackOnly
-        }
-    }
-
-    /// Refuses a caller at `peer` that protected mode does not admit: with
-    /// auth off and no opt-out, anything but a loopback address (an unknown
-    /// address included). The front doors ask once per connection; the
-    /// gRPC handlers once per call, through [`Self::authenticate_request`].
-    pub fn admit_peer(&self, peer: Option<SocketAddr>) -> Result<(), AuthError> {
-        match self.access() {
-            Access::Credentials | Access::UnauthenticatedRemote => Ok(()),
-            Access::LoopbackOnly if peer.is_some_and(|p| is_loopback(p.ip())) => Ok(()),
-            Access::LoopbackOnly => Err(AuthError::RemoteWithoutAuthentication { peer }),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use tonic::metadata::MetadataMap;
 
+    use std::net::SocketAddr;
+
     use super::*;
-    use crate::auth::{ALLOW_REMOTE_FLAG, DEFAULT_TENANT};
+    use crate::auth::{ALLOW_REMOTE_FLAG, AuthError, Authenticator, DEFAULT_TENANT};
 
     #[test]
     fn protected_mode_admits_loopback_peers_only() {

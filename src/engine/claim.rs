@@ -3,14 +3,27 @@
 
 use std::time::{Duration, Instant};
 
-use super::core::{Engine, MAX_CAS_ROUNDS, lease_of, ms, new_lease_token};
-use super::transitions::Transition;
+use super::core::{Core, MAX_CAS_ROUNDS, lease_of, ms, new_lease_token};
+use super::transitions::{Trail, Transition};
 use super::{
     ClaimInput, ClaimOutcome, ClaimResult, EngineError, EngineResult, ExpiredLeasePolicy,
     FingerprintInput, Policy, validate,
 };
 use crate::fingerprint::{self, FingerprintError, RequestParts};
 use crate::store::{CasOutcome, Expected, InsertOutcome, Record, RecordKey, RecordState};
+
+/// The engine seen by Claim and what it waits on (takeover, a duplicate in flight): a view of its [`Core`] for one family of
+/// operations, so that each family is a type with its `impl` here while
+/// [`super::Engine`] keeps the public API in one place.
+pub(super) struct Claims<'a>(pub(super) &'a Core);
+
+impl std::ops::Deref for Claims<'_> {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        self.0
+    }
+}
 
 /// The `retry_after` hint given with `in_progress` (bounded by the holder's
 /// remaining lease).
@@ -35,9 +48,9 @@ fn fingerprint_error(error: FingerprintError) -> EngineError {
     }
 }
 
-impl Engine {
-    /// Claim: see the module docs and `proto/idemd/v1/idempotency.proto`.
-    pub async fn claim(&self, tenant: &str, input: ClaimInput) -> EngineResult<ClaimResult> {
+impl Claims<'_> {
+    /// The work of [`super::Engine::claim`].
+    pub(super) async fn claim(&self, tenant: &str, input: ClaimInput) -> EngineResult<ClaimResult> {
         let started = Instant::now();
         let id = self.identity(tenant, &input.endpoint, &input.key)?;
         validate::attempt_id(&input.attempt_id)?;
@@ -199,13 +212,14 @@ impl Engine {
                     InsertOutcome::Inserted => {
                         self.granted.remember(&record, now);
                         self.existing.remember(&record.id, record.expires_at_ms);
-                        self.transition(Transition::routine(
-                            &record,
-                            "none",
-                            "claimed",
-                            request.started,
-                        ))
-                        .await;
+                        Trail(self.0)
+                            .transition(Transition::routine(
+                                &record,
+                                "none",
+                                "claimed",
+                                request.started,
+                            ))
+                            .await;
                         return Ok(ClaimOutcome::Claimed(lease_of(&record)));
                     }
                     InsertOutcome::Exists(winner) => {
@@ -227,7 +241,7 @@ impl Engine {
                         let mut replay =
                             Transition::new(&existing, "completed", "completed", request.started);
                         replay.replayed = true;
-                        self.transition(replay).await;
+                        Trail(self.0).transition(replay).await;
                     }
                     return Ok(outcome);
                 }
@@ -246,13 +260,14 @@ impl Engine {
                     {
                         CasOutcome::Applied => {
                             self.granted.remember(&record, now);
-                            self.transition(Transition::new(
-                                &record,
-                                "in_progress",
-                                "taken_over",
-                                request.started,
-                            ))
-                            .await;
+                            Trail(self.0)
+                                .transition(Transition::new(
+                                    &record,
+                                    "in_progress",
+                                    "taken_over",
+                                    request.started,
+                                ))
+                                .await;
                             return Ok(ClaimOutcome::Claimed(lease_of(&record)));
                         }
                         CasOutcome::Conflict { current: latest } => current = latest,

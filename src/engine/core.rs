@@ -40,19 +40,13 @@ pub const DEFAULT_PAGE_SIZE: usize = 100;
 /// Largest ListPending page.
 pub const MAX_PAGE_SIZE: usize = 1000;
 
-/// The engine. One per process, shared by every RPC.
-///
-/// # Where its methods live
-///
-/// `impl Engine` is split by operation, one file per family of RPCs, as
-/// CODE_STYLE.md allows for a service's front type: `claim.rs` (Claim and
-/// what it waits on), `finish.rs` (Complete, Fail, ExtendLease),
-/// `reconcile.rs` (Lookup, ListPending, Reconcile), `transitions.rs` (the
-/// audit and metrics of a state change), and this file (construction,
-/// identity, the sweeps). Every one of them works on the same fields and
-/// calls the others' helpers; as separate types each would hold a copy of
-/// the store, the clock, the caches and the waiters.
-pub struct Engine {
+/// What every operation works on: the store, the clock, the policies,
+/// the caches and the waiters, with the reads they share (identity, the
+/// completed cache, Lookup) and the sweeps. One per process, inside the
+/// [`super::Engine`]; each family of operations is a view of it
+/// (`Claims`, `LeaseHolder`, `Reconciler`, `Trail`), so none holds a copy
+/// of these handles.
+pub struct Core {
     /// Where records live.
     pub(super) store: Arc<dyn Store>,
     /// What "now" is; injectable for tests.
@@ -79,9 +73,9 @@ pub struct Engine {
     pub(super) skew: Skew,
 }
 
-impl std::fmt::Debug for Engine {
+impl std::fmt::Debug for Core {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine")
+        f.debug_struct("Core")
             .field("store", &self.store.backend_name())
             .finish_non_exhaustive()
     }
@@ -103,9 +97,9 @@ pub(super) fn key_hash(id: &RecordKey) -> String {
     fingerprint::short_hash(id.key.as_bytes())
 }
 
-impl Engine {
+impl Core {
     /// An engine over `store`.
-    pub fn new(
+    pub(super) fn new(
         store: Arc<dyn Store>,
         clock: SharedClock,
         policies: Arc<PolicySet>,
@@ -132,25 +126,25 @@ impl Engine {
     /// Limits each tenant to `rate` new keys per second (bursts of `burst`);
     /// a rate of 0 leaves key creation unlimited.
     #[must_use]
-    pub fn with_claim_limit(mut self, rate: f64, burst: u32) -> Self {
+    pub(super) fn with_claim_limit(mut self, rate: f64, burst: u32) -> Self {
         self.claim_limiter = (rate > 0.0).then(|| ClaimLimiter::new(rate, burst));
         self
     }
 
     /// Appends the transitions of audited endpoints to `audit`.
     #[must_use]
-    pub fn with_audit(mut self, audit: Arc<dyn AuditLog>) -> Self {
+    pub(super) fn with_audit(mut self, audit: Arc<dyn AuditLog>) -> Self {
         self.audit = Some(audit);
         self
     }
 
     /// The audit log, when one is open.
-    pub fn audit(&self) -> Option<&Arc<dyn AuditLog>> {
+    pub(super) fn audit(&self) -> Option<&Arc<dyn AuditLog>> {
         self.audit.as_ref()
     }
 
     /// The store this engine writes to.
-    pub fn store(&self) -> &Arc<dyn Store> {
+    pub(super) fn store(&self) -> &Arc<dyn Store> {
         &self.store
     }
 
@@ -215,15 +209,20 @@ impl Engine {
     }
 
     /// Lookup: the live record.
-    pub async fn lookup(&self, tenant: &str, endpoint: &str, key: &str) -> EngineResult<Record> {
+    pub(super) async fn lookup(
+        &self,
+        tenant: &str,
+        endpoint: &str,
+        key: &str,
+    ) -> EngineResult<Record> {
         let id = self.identity(tenant, endpoint, key)?;
         self.read(&id, self.now())
             .await?
             .ok_or_else(|| EngineError::NotFound("no record for this key".to_string()))
     }
 
-    /// How often [`Engine::maintain_store`] should run (`None`: never).
-    pub fn store_maintenance_interval(&self) -> Option<std::time::Duration> {
+    /// How often [`Core::maintain_store`] should run (`None`: never).
+    pub(super) fn store_maintenance_interval(&self) -> Option<std::time::Duration> {
         self.store.maintenance_interval()
     }
 
@@ -231,7 +230,7 @@ impl Engine {
     /// [`Store::maintain`]).
     /// Also measures this replica's clock against the cluster's first
     /// (see [`super::skew`]); a failed measurement keeps the last one.
-    pub async fn maintain_store(&self) -> EngineResult<()> {
+    pub(super) async fn maintain_store(&self) -> EngineResult<()> {
         if let Err(error) = self.measure_clock().await {
             tracing::debug!(%error, "clock offset not measured");
         }
@@ -240,7 +239,7 @@ impl Engine {
 
     /// Measures this replica's clock against the cluster's, when the store
     /// has one and the engine's clock follows real time (see [`super::skew`]).
-    pub async fn measure_clock(&self) -> EngineResult<()> {
+    pub(super) async fn measure_clock(&self) -> EngineResult<()> {
         if self.skew.required() {
             self.skew.measure(self.store.as_ref(), &self.clock).await?;
         }
@@ -248,7 +247,7 @@ impl Engine {
     }
 
     /// This replica's last measured clock offset against the cluster's.
-    pub fn clock_offset(&self) -> Option<skew::Offset> {
+    pub(super) fn clock_offset(&self) -> Option<skew::Offset> {
         self.skew.last()
     }
 
@@ -256,7 +255,7 @@ impl Engine {
     /// steps of [`SWEEP_STEP`] until a step finds fewer due; returns how
     /// many. The only sweep loop: stores and the audit log remove at most
     /// what one call asks for.
-    pub async fn sweep_expired(&self) -> EngineResult<usize> {
+    pub(super) async fn sweep_expired(&self) -> EngineResult<usize> {
         let mut total = 0;
         loop {
             let removed = self.store.sweep_expired(self.now(), SWEEP_STEP).await?;

@@ -4,15 +4,27 @@
 
 use std::time::Instant;
 
-use super::core::{Engine, MAX_CAS_ROUNDS, contention, ms, no_live_claim, not_in_progress};
-use super::transitions::Transition;
+use super::core::{Core, MAX_CAS_ROUNDS, contention, ms, no_live_claim, not_in_progress};
+use super::transitions::{Trail, Transition};
 use super::{Disposition, EngineError, EngineResult, PreconditionReason, validate};
 use crate::store::{CasOutcome, Expected, Record, RecordKey, RecordState, StoredResponse};
 
-impl Engine {
-    /// Complete: store the response of a claimed execution.
-    /// Returns the record's (unchanged) expiry.
-    pub async fn complete(
+/// The engine seen by what the holder of a lease does with it: Complete, Fail, ExtendLease: a view of its [`Core`] for one family of
+/// operations, so that each family is a type with its `impl` here while
+/// [`super::Engine`] keeps the public API in one place.
+pub(super) struct LeaseHolder<'a>(pub(super) &'a Core);
+
+impl std::ops::Deref for LeaseHolder<'_> {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        self.0
+    }
+}
+
+impl LeaseHolder<'_> {
+    /// The work of [`super::Engine::complete`].
+    pub(super) async fn complete(
         &self,
         tenant: &str,
         endpoint: &str,
@@ -54,13 +66,14 @@ impl Engine {
                         .replace_if(&completed, &Expected::matching(&record), now)
                         .await?
                     {
-                        self.transition(Transition::routine(
-                            &completed,
-                            "in_progress",
-                            "completed",
-                            started,
-                        ))
-                        .await;
+                        Trail(self.0)
+                            .transition(Transition::routine(
+                                &completed,
+                                "in_progress",
+                                "completed",
+                                started,
+                            ))
+                            .await;
                         self.cache.insert(&completed);
                         self.waiters.wake(&id);
                         return Ok(completed.expires_at_ms);
@@ -71,8 +84,8 @@ impl Engine {
         Err(contention())
     }
 
-    /// Fail: end a claimed execution without a response.
-    pub async fn fail(
+    /// The work of [`super::Engine::fail`].
+    pub(super) async fn fail(
         &self,
         tenant: &str,
         endpoint: &str,
@@ -133,7 +146,7 @@ impl Engine {
                     None => Transition::routine(&record, "in_progress", "released", started),
                     Some(state) => Transition::new(&record, "in_progress", state.as_str(), started),
                 };
-                self.transition(change).await;
+                Trail(self.0).transition(change).await;
                 self.waiters.wake(&id);
                 return Ok(());
             }
@@ -141,8 +154,8 @@ impl Engine {
         Err(contention())
     }
 
-    /// ExtendLease: push the holder's lease out (never past the expiry).
-    pub async fn extend_lease(
+    /// The work of [`super::Engine::extend_lease`].
+    pub(super) async fn extend_lease(
         &self,
         tenant: &str,
         endpoint: &str,
@@ -203,7 +216,7 @@ impl Engine {
 /// progress on the key; then [`contention`]).
 struct HeldRounds<'a> {
     /// The engine whose store and clock the rounds use.
-    engine: &'a Engine,
+    engine: &'a Core,
     /// The key held.
     id: &'a RecordKey,
     /// The holder's token: what fences every read.
@@ -216,7 +229,7 @@ struct HeldRounds<'a> {
 }
 
 impl<'a> HeldRounds<'a> {
-    fn new(engine: &'a Engine, id: &'a RecordKey, lease_token: &'a str) -> Self {
+    fn new(engine: &'a Core, id: &'a RecordKey, lease_token: &'a str) -> Self {
         Self {
             engine,
             id,

@@ -22,18 +22,28 @@
 //!
 //! # Layout
 //!
-//! * `core`: the [`Engine`] (its parts and the reads every operation
-//!   shares), Lookup and the sweeper, and the helpers every operation's
-//!   file uses; this file only declares the modules and re-exports;
+//! * `facade`: the [`Engine`], the public face: one method per RPC, each
+//!   handed to the core or to the view of its family;
+//! * `core`: the `Core` every operation works on (the store, the clock,
+//!   the caches, the waiters), the reads they share, Lookup and the sweeps,
+//!   and the small helpers each operation's file uses;
+//! * `claim` (`Claims`): Claim, takeover, waiting for an in-flight
+//!   duplicate;
+//! * `finish` (`LeaseHolder`): what a lease holder does: Complete, Fail,
+//!   ExtendLease;
+//! * `reconcile` (`Reconciler`): ListPending, Reconcile, the pending
+//!   gauges' summary;
+//! * `transitions` (`Trail`): the event of every transition and the audit
+//!   trail;
 //! * [`types`]: what the API layer hands in and gets back;
-//! * `claim`: Claim, takeover, waiting for an in-flight duplicate;
-//! * `finish`: what a lease holder does: Complete, Fail, ExtendLease;
-//! * `reconcile`: ListPending, Reconcile, the pending gauges' summary;
-//! * `transitions`: the event of every transition and the audit trail;
 //! * [`skew`]: this replica's clock against the cluster's, and the
 //!   takeovers it refuses while they may be too far apart;
 //! * [`cache`], [`existing`], [`granted`], [`waiters`], [`limits`],
 //!   [`policy`], [`validate`], [`error`]: the pieces those use.
+//!
+//! Each view borrows the core for one call, so the families share every
+//! handle without a copy, each type's `impl` is in its own file, and no
+//! two of these files import each other (CODE_STYLE.md).
 //!
 //! The unit tests (`tests.rs`, and `insert_first_tests.rs` for a store
 //! that inserts before it reads) drive the engine over
@@ -44,6 +54,7 @@ pub mod cache;
 mod core;
 pub mod error;
 pub mod existing;
+mod facade;
 pub mod granted;
 pub mod limits;
 pub mod policy;
@@ -71,4 +82,5 @@ pub use types::{
     PendingInput, PendingSummary, ReconcileResult, Verdict,
 };
 
-pub use self::core::{DEFAULT_PAGE_SIZE, Engine, MAX_PAGE_SIZE, SWEEP_STEP};
+pub use self::core::{DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, SWEEP_STEP};
+pub use facade::Engine;

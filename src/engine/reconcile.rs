@@ -4,19 +4,32 @@
 use std::time::{Duration, Instant};
 
 use super::core::{
-    DEFAULT_PAGE_SIZE, Engine, MAX_CAS_ROUNDS, MAX_PAGE_SIZE, contention, lease_of, ms,
+    Core, DEFAULT_PAGE_SIZE, MAX_CAS_ROUNDS, MAX_PAGE_SIZE, contention, lease_of, ms,
     new_lease_token,
 };
-use super::transitions::Transition;
+use super::transitions::{Trail, Transition};
 use super::{
     EngineError, EngineResult, PendingInput, PendingSummary, PreconditionReason, ReconcileResult,
     Verdict, validate,
 };
 use crate::store::{CasOutcome, Expected, PendingQuery, RecordState, count_pending};
 
-impl Engine {
-    /// ListPending: records that need a decision.
-    pub async fn list_pending(
+/// The engine seen by ListPending, Reconcile and the pending summary: a view of its [`Core`] for one family of
+/// operations, so that each family is a type with its `impl` here while
+/// [`super::Engine`] keeps the public API in one place.
+pub(super) struct Reconciler<'a>(pub(super) &'a Core);
+
+impl std::ops::Deref for Reconciler<'_> {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        self.0
+    }
+}
+
+impl Reconciler<'_> {
+    /// The work of [`super::Engine::list_pending`].
+    pub(super) async fn list_pending(
         &self,
         tenant: &str,
         input: PendingInput,
@@ -55,8 +68,8 @@ impl Engine {
             })
     }
 
-    /// Reconcile: decide a pending record.
-    pub async fn reconcile(
+    /// The work of [`super::Engine::reconcile`].
+    pub(super) async fn reconcile(
         &self,
         tenant: &str,
         endpoint: &str,
@@ -112,13 +125,14 @@ impl Engine {
             match &verdict {
                 Verdict::Released => {
                     if let CasOutcome::Applied = self.store.delete_if(&id, &expected, now).await? {
-                        self.transition(Transition::new(
-                            &record,
-                            record.state.as_str(),
-                            "released",
-                            started,
-                        ))
-                        .await;
+                        Trail(self.0)
+                            .transition(Transition::new(
+                                &record,
+                                record.state.as_str(),
+                                "released",
+                                started,
+                            ))
+                            .await;
                         self.waiters.wake(&id);
                         return Ok(ReconcileResult {
                             record: None,
@@ -149,13 +163,14 @@ impl Engine {
                 }
             }
             if let CasOutcome::Applied = self.store.replace_if(&updated, &expected, now).await? {
-                self.transition(Transition::new(
-                    &updated,
-                    record.state.as_str(),
-                    verdict.as_str(),
-                    started,
-                ))
-                .await;
+                Trail(self.0)
+                    .transition(Transition::new(
+                        &updated,
+                        record.state.as_str(),
+                        verdict.as_str(),
+                        started,
+                    ))
+                    .await;
                 self.cache.insert(&updated);
                 self.waiters.wake(&id);
                 return Ok(ReconcileResult {
@@ -167,11 +182,8 @@ impl Engine {
         Err(contention())
     }
 
-    /// Counts the tenant's records that need a decision, by state, and the
-    /// age of the oldest: the backend's own summary when it keeps one (CQL:
-    /// one replica counts, every replica reads a row), else read from the
-    /// index, at most `max_records` of it.
-    pub async fn pending_summary(
+    /// The work of [`super::Engine::pending_summary`].
+    pub(super) async fn pending_summary(
         &self,
         tenant: &str,
         max_records: usize,

@@ -4,15 +4,28 @@
 
 use std::time::Instant;
 
-use super::core::{Engine, key_hash};
+use super::core::{Core, key_hash};
 use super::{AuditRequest, EngineError, EngineResult, PreconditionReason, validate};
 use crate::audit::{AuditCursor, AuditEvent, AuditQuery};
 use crate::store::Record;
 
+/// The engine seen by the event and audit entry of every transition, and ListAuditEvents: a view of its [`Core`] for one family of
+/// operations, so that each family is a type with its `impl` here while
+/// [`super::Engine`] keeps the public API in one place.
+pub(super) struct Trail<'a>(pub(super) &'a Core);
+
+impl std::ops::Deref for Trail<'_> {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        self.0
+    }
+}
+
 /// Default page of [`Engine::audit_events`].
 const DEFAULT_AUDIT_PAGE: usize = 100;
 
-impl Engine {
+impl Trail<'_> {
     /// Emits the structured event of one transition (or replay) and, for
     /// audited endpoints, appends it to the audit log. Never the raw key or
     /// body. An audit append that fails is logged and counted, not returned:
@@ -92,10 +105,8 @@ impl Engine {
         }
     }
 
-    /// A page of the tenant's audit events: one key's history when `key` is
-    /// set, else the tenant's timeline (optionally one endpoint's), oldest
-    /// first, starting after `page_token` or at `since_ms`.
-    pub async fn audit_events(
+    /// The work of [`super::Engine::audit_events`].
+    pub(super) async fn audit_events(
         &self,
         tenant: &str,
         query: AuditRequest,

@@ -13,22 +13,30 @@ use std::time::Duration;
 
 use super::cleaner::DETACHED_CLEANUPS;
 use super::entry::{Slot, bucket_of};
-use super::index::PendingIndex;
+use super::index::Index;
 use crate::store::{Record, RecordKey, RecordState};
 
-impl PendingIndex {
-    /// Best effort: deletes one entry from `slots`; failures are logged at
-    /// debug and left for readers.
-    pub(in crate::store::cql) async fn delete(&self, id: &RecordKey, due: i64, slots: &[Slot]) {
+/// The pending index seen by the removal of entries whose record moved on: a view of its [`Index`] for one
+/// pass, so that each pass is a type with its `impl` here while
+/// [`super::PendingIndex`] keeps the store's entry points in one place.
+pub(super) struct Cleanup<'a>(pub(super) &'a Index);
+
+impl std::ops::Deref for Cleanup<'_> {
+    type Target = Index;
+
+    fn deref(&self) -> &Index {
+        self.0
+    }
+}
+
+impl Cleanup<'_> {
+    /// The work of [`super::PendingIndex::delete`].
+    pub(super) async fn delete(&self, id: &RecordKey, due: i64, slots: &[Slot]) {
         self.cleaner.delete(id, due, slots).await;
     }
 
-    /// After a write that replaced a record in `old_state`, due at
-    /// `old_due`, by `new` (or deleted it): drop the entry that no longer
-    /// describes the record. An entry at the same due instant may be the
-    /// new record's own (same clustering key), so then only the other
-    /// table's copy is dropped.
-    pub(in crate::store::cql) async fn after_write(
+    /// The work of [`super::PendingIndex::after_write`].
+    pub(super) async fn after_write(
         &self,
         id: &RecordKey,
         old: (RecordState, Option<i64>),
@@ -40,18 +48,8 @@ impl PendingIndex {
         }
     }
 
-    /// [`PendingIndex::after_write`] off the reply path, for a write that
-    /// made the record COMPLETED: the caller's answer does not wait for a
-    /// cleanup that only saves readers a verification. Only then, because
-    /// a completed record never enters the index again under the entry it
-    /// leaves (it can be claimed again only once expired, with a later due
-    /// instant), so the late delete can never remove a newer entry with the
-    /// same primary key (writes here carry server timestamps: the later
-    /// arrival wins). A crash before the delete lands leaves a stale entry,
-    /// as any failed cleanup does. At most [`DETACHED_CLEANUPS`] run at
-    /// once; past that the caller waits, so an overloaded cluster slows the
-    /// replies instead of growing a queue.
-    pub(in crate::store::cql) async fn after_completion(
+    /// The work of [`super::PendingIndex::after_completion`].
+    pub(super) async fn after_completion(
         &self,
         id: &RecordKey,
         old: (RecordState, Option<i64>),
@@ -74,9 +72,8 @@ impl PendingIndex {
         });
     }
 
-    /// Waits (at most `limit`) for the detached cleanups in flight, so a
-    /// graceful stop leaves no stale entry behind.
-    pub(in crate::store::cql) async fn drain(&self, limit: Duration) {
+    /// The work of [`super::PendingIndex::drain`].
+    pub(super) async fn drain(&self, limit: Duration) {
         let all = u32::try_from(DETACHED_CLEANUPS).unwrap_or(u32::MAX);
         let drained = tokio::time::timeout(limit, self.cleaner.detached.acquire_many(all)).await;
         if drained.is_err() {

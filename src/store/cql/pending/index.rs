@@ -1,4 +1,4 @@
-//! The [`PendingIndex`] type: what one store holds to keep its pending
+//! The [`Index`]: what one store holds to keep its pending
 //! index (statements, this replica's view of each tenant, the sealer's
 //! timing), construction, and what a record write adds to the index. The
 //! module docs of [`super`] describe the tables and why a crash never hides
@@ -102,17 +102,12 @@ impl SealTiming {
     }
 }
 
-/// The pending index of one store (see the module docs).
-///
-/// # Where its methods live
-///
-/// `impl PendingIndex` is split by pass, as CODE_STYLE.md allows for a
-/// service's front type: this file (construction, what a write adds to the
-/// index), `scan.rs` (ListPending's read of the buckets), `seal.rs` (the
-/// sealer that moves watermarks and overdue entries), `cleanup.rs` (the
-/// removal of entries whose record moved on). The passes share the
-/// prepared statements and the session this type holds.
-pub(in crate::store::cql) struct PendingIndex {
+/// What every pass over the pending index works on: the session, the
+/// prepared statements, this replica's view of each tenant, the sealer's
+/// timing; with its construction and what a record write adds to the
+/// index. [`super::PendingIndex`] owns one; each pass is a view of it
+/// (`Scan`, `Sealer`, `Cleanup`), so none holds a copy of these handles.
+pub(super) struct Index {
     /// The store's session.
     pub(super) session: Arc<Session>,
     /// Prepared once at start.
@@ -166,12 +161,9 @@ fn replica_name() -> String {
     format!("{host}:{}", std::process::id())
 }
 
-impl PendingIndex {
+impl Index {
     /// Prepares the index's statements on `session`.
-    pub(in crate::store::cql) async fn open(
-        session: Arc<Session>,
-        options: &CqlOptions,
-    ) -> StoreResult<Self> {
+    pub(super) async fn open(session: Arc<Session>, options: &CqlOptions) -> StoreResult<Self> {
         let statements = Statements::prepare(&session, &options.keyspace).await?;
         let cleaner = Cleaner::new(
             Arc::clone(&session),
@@ -201,23 +193,19 @@ impl PendingIndex {
     }
 
     /// How many cursor rows this replica asked to create.
-    pub(in crate::store::cql) fn cursors_created(&self) -> u64 {
+    pub(super) fn cursors_created(&self) -> u64 {
         self.cursors_created
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How often the sealer should run: its step.
-    pub(in crate::store::cql) fn step(&self) -> Duration {
+    pub(super) fn step(&self) -> Duration {
         Duration::from_millis(u64::try_from(self.timing.step_ms).unwrap_or(5_000))
     }
 
     /// Writes the index entry of `record` (if it is due at some point)
     /// before the conditional write that makes it so; returns where.
-    pub(in crate::store::cql) async fn put(
-        &self,
-        record: &Record,
-        now_ms: i64,
-    ) -> StoreResult<Option<Slot>> {
+    pub(super) async fn put(&self, record: &Record, now_ms: i64) -> StoreResult<Option<Slot>> {
         let Some(due) = record.pending_since_ms() else {
             return Ok(None);
         };

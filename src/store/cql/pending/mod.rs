@@ -1,13 +1,17 @@
 //! The pending index: what ListPending reads instead of scanning
-//! `records`. [`PendingIndex`] owns its statements, what this replica knows
-//! of each tenant's index, and the sealer's timing; it writes an entry
-//! before the record write that makes a record due (here), deletes the
-//! entries a write made stale ([`cleanup`]), serves ListPending ([`scan`])
-//! and keeps every tenant's watermark behind the clock ([`seal`]). What an
+//! `records`. [`PendingIndex`] (`facade.rs`) is the store's entry point; it
+//! owns the `Index` (`index.rs`: its statements, what this replica knows of
+//! each tenant's index, the sealer's timing, and the entry a write adds
+//! before the record write that makes a record due) and hands each call to
+//! its pass: `Cleanup` deletes the entries a write made stale
+//! ([`cleanup`], with the [`cleaner`] that runs off the reply path), `Scan`
+//! serves ListPending ([`scan`]) and `Sealer` keeps every tenant's
+//! watermark behind the clock ([`seal`], reading [`cursor`]s). What an
 //! entry is and says is in [`entry`]; migration 1's `pending_index`, which
-//! replicas of older releases still write during a rollout, in [`legacy`]. Entries are verified against the record
-//! table (`records::Records`) wherever they are read, so the index may hold
-//! extra entries, never miss one.
+//! replicas of older releases still write during a rollout, in [`legacy`].
+//! Entries are verified against the record table (`records::Records`)
+//! wherever they are read, so the index may hold extra entries, never miss
+//! one.
 //!
 //! # Layout (migration 3)
 //!
@@ -52,7 +56,9 @@
 
 mod cleaner;
 mod cleanup;
+mod cursor;
 mod entry;
+mod facade;
 mod index;
 pub(super) mod legacy;
 mod scan;
@@ -60,6 +66,6 @@ mod seal;
 mod statements;
 
 pub use entry::{BUCKET_MS, SHARDS};
-pub(super) use index::PendingIndex;
+pub(super) use facade::PendingIndex;
 pub use index::SealTiming;
 pub use seal::SealReport;

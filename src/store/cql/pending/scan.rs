@@ -17,12 +17,26 @@ use std::ops::ControlFlow;
 
 use super::super::records::Records;
 use super::super::session::{day_of, rows, unavailable};
+use super::cursor::Cursor;
 use super::entry::{BUCKET_MS, SHARDS};
 use super::entry::{
     Entry, EntryVerdict, Slot, bucket_of, classify_entry, decode_token, encode_token, index_entry,
 };
-use super::index::PendingIndex;
+use super::index::Index;
 use crate::store::{PendingPage, PendingQuery, RecordKey, StoreError, StoreResult};
+
+/// The pending index seen by ListPending's read of the buckets: a view of its [`Index`] for one
+/// pass, so that each pass is a type with its `impl` here while
+/// [`super::PendingIndex`] keeps the store's entry points in one place.
+pub(super) struct Scan<'a>(pub(super) &'a Index);
+
+impl std::ops::Deref for Scan<'_> {
+    type Target = Index;
+
+    fn deref(&self) -> &Index {
+        self.0
+    }
+}
 
 /// Most steps ([`BUCKETS_PER_STEP`] buckets each) one ListPending call
 /// takes before it returns (possibly an empty page with a token): a
@@ -50,7 +64,7 @@ struct Source {
 /// Candidates of one step: entries in order with every slot holding them.
 type Candidates = Vec<(Entry, Vec<Slot>)>;
 
-impl PendingIndex {
+impl Scan<'_> {
     /// Up to `limit` entries of one slice, following the driver's paging
     /// (through empty pages: ScyllaDB ends a page early at its tombstone
     /// limit); `exhausted` when the slice has no more.
@@ -82,8 +96,8 @@ impl PendingIndex {
         }
     }
 
-    /// ListPending: see the module docs.
-    pub(in crate::store::cql) async fn list(
+    /// The work of [`super::PendingIndex::list`].
+    pub(super) async fn list(
         &self,
         records: &Records,
         query: &PendingQuery,
@@ -99,7 +113,9 @@ impl PendingIndex {
         let watermark = match self.tenants.watermark(&query.tenant) {
             Some(watermark) => Some(watermark),
             None => {
-                let read = self.read_cursor(&query.tenant).await?.map(|c| c.watermark);
+                let read = Cursor::read(self.0, &query.tenant)
+                    .await?
+                    .map(|c| c.watermark);
                 if let Some(watermark) = read {
                     self.tenants.saw_watermark(&query.tenant, watermark);
                 }
@@ -149,7 +165,7 @@ impl PendingIndex {
                             page.records.push(record);
                         }
                     }
-                    EntryVerdict::Stale => self.delete(&id, due, &slots).await,
+                    EntryVerdict::Stale => self.cleaner.delete(&id, due, &slots).await,
                     EntryVerdict::Keep => {}
                 }
                 if page.records.len() >= query.page_size || scanned >= scan_limit {

@@ -28,15 +28,29 @@ use std::ops::ControlFlow;
 
 use futures::future::join_all;
 use scylla::response::PagingState;
-use scylla::value::CqlValue;
 
 use super::super::records::Records;
 use super::super::session::{rows, ttl_seconds, unavailable};
+use super::cursor::Cursor;
 use super::entry::{BUCKET_MS, SHARDS};
 use super::entry::{EntryVerdict, bucket_of, classify_entry, shard_of};
-use super::index::PendingIndex;
+use super::index::Index;
+use super::scan::Scan;
 use crate::crash::crash_point_in;
-use crate::store::{PendingCounts, RecordKey, Store, StoreError, StoreResult, count_pending};
+use crate::store::{PendingCounts, RecordKey, Store, StoreResult, count_pending};
+
+/// The pending index seen by the sealer that moves watermarks and overdue entries: a view of its [`Index`] for one
+/// pass, so that each pass is a type with its `impl` here while
+/// [`super::PendingIndex`] keeps the store's entry points in one place.
+pub(super) struct Sealer<'a>(pub(super) &'a Index);
+
+impl std::ops::Deref for Sealer<'_> {
+    type Target = Index;
+
+    fn deref(&self) -> &Index {
+        self.0
+    }
+}
 
 /// How often the sealer recounts a tenant's pending records (the gauges'
 /// source): as often as the gauges refresh.
@@ -51,19 +65,6 @@ const SUMMARY_MAX_RECORDS: usize = 10_000;
 /// cost instead of one unbounded one.
 const MAX_BUCKETS_PER_ADVANCE: i64 = 90;
 
-/// A tenant's `pending_cursor` row.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Cursor {
-    /// Whose.
-    pub tenant: String,
-    /// Buckets below it are sealed; readers start here.
-    pub watermark: i64,
-    /// When the summary was last computed (`None`: never).
-    pub summary_at: Option<i64>,
-    /// The summary, when computed.
-    pub summary: Option<PendingCounts>,
-}
-
 /// What one maintenance pass did, for logs and tests.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct SealReport {
@@ -75,53 +76,11 @@ pub struct SealReport {
     pub dropped: usize,
 }
 
-fn cursor_from_row(row: &rows::NamedRow) -> StoreResult<Cursor> {
-    let tenant = rows::text_or_none(row, "tenant")
-        .ok_or_else(|| StoreError::Corrupt("pending cursor without tenant".into()))?;
-    let watermark = rows::big_int_or_none(row, "watermark")
-        .ok_or_else(|| StoreError::Corrupt("pending cursor without watermark".into()))?;
-    let summary_at = rows::big_int_or_none(row, "summary_at");
-    let count = |name| {
-        rows::big_int_or_none(row, name)
-            .and_then(|v| u64::try_from(v).ok())
-            .unwrap_or(0)
-    };
-    let summary = summary_at.map(|_| PendingCounts {
-        in_progress: count("summary_in_progress"),
-        unknown: count("summary_unknown"),
-        failed: count("summary_failed"),
-        oldest_since_ms: rows::big_int_or_none(row, "summary_oldest_due"),
-        truncated: matches!(
-            row.get("summary_truncated"),
-            Some(Some(CqlValue::Boolean(true)))
-        ),
-    });
-    Ok(Cursor {
-        tenant,
-        watermark,
-        summary_at,
-        summary,
-    })
-}
-
 fn signed(count: u64) -> i64 {
     i64::try_from(count).unwrap_or(i64::MAX)
 }
 
-impl PendingIndex {
-    /// The tenant's cursor row, `None` before its first index write.
-    pub(super) async fn read_cursor(&self, tenant: &str) -> StoreResult<Option<Cursor>> {
-        let result = self
-            .session
-            .execute_unpaged(&self.statements.cursor_read, (tenant,))
-            .await
-            .map_err(|e| unavailable("pending cursor read", e))?;
-        rows::named_rows(result)?
-            .first()
-            .map(cursor_from_row)
-            .transpose()
-    }
-
+impl Sealer<'_> {
     /// Every tenant's cursor (one row per tenant, paged).
     async fn all_cursors(&self) -> StoreResult<Vec<Cursor>> {
         let mut cursors = Vec::new();
@@ -133,7 +92,7 @@ impl PendingIndex {
                 .await
                 .map_err(|e| unavailable("pending cursor scan", e))?;
             for row in rows::named_rows(result)? {
-                cursors.push(cursor_from_row(&row)?);
+                cursors.push(Cursor::from_row(&row)?);
             }
             match next.into_paging_control_flow() {
                 ControlFlow::Break(()) => return Ok(cursors),
@@ -142,19 +101,8 @@ impl PendingIndex {
         }
     }
 
-    /// One maintenance pass over every tenant (see the module docs). A
-    /// tenant that fails is logged and the pass goes on; the first error is
-    /// returned at the end.
-    ///
-    /// Every tenant's watermark is set from `now_ms`, but never past the
-    /// host's wall clock: an engine clock running ahead (a test's manual
-    /// clock) is a replica skewed ahead, and sealing from it would seal
-    /// buckets other replicas still write.
-    ///
-    /// Entries are verified against `records`; the gauges' summary is what
-    /// [`count_pending`] finds through `store`'s ListPending (this index's
-    /// store), the count the engine makes for a backend without one.
-    pub(in crate::store::cql) async fn seal_all(
+    /// The work of [`super::PendingIndex::seal_all`].
+    pub(super) async fn seal_all(
         &self,
         records: &Records,
         store: &dyn Store,
@@ -204,9 +152,8 @@ impl PendingIndex {
         }
     }
 
-    /// [`PendingIndex::seal_all`] for one tenant, at `now_ms` exactly (no
-    /// wall clock cap); nothing when the tenant has no cursor yet.
-    pub(in crate::store::cql) async fn seal_one(
+    /// The work of [`super::PendingIndex::seal_one`].
+    pub(super) async fn seal_one(
         &self,
         records: &Records,
         store: &dyn Store,
@@ -214,7 +161,7 @@ impl PendingIndex {
         now_ms: i64,
     ) -> StoreResult<SealReport> {
         let mut report = SealReport::default();
-        if let Some(cursor) = self.read_cursor(tenant).await? {
+        if let Some(cursor) = Cursor::read(self.0, tenant).await? {
             self.seal_tenant(records, store, &cursor, now_ms, &mut report)
                 .await?;
         }
@@ -330,9 +277,10 @@ impl PendingIndex {
         now_ms: i64,
     ) -> StoreResult<usize> {
         let mut live = Vec::new();
+        let scan = Scan(self.0);
         for bucket in bucket_of(from)..=bucket_of(to - 1) {
             let reads = (0..SHARDS).map(|shard| {
-                self.read_slice(
+                scan.read_slice(
                     &self.statements.bucket_scan,
                     (tenant, bucket, shard, from, "", "", to - 1),
                     usize::MAX,
@@ -393,15 +341,8 @@ impl PendingIndex {
         Ok(moved)
     }
 
-    /// The summary the sealer stored for `tenant`; `None` when none was
-    /// computed yet (the caller counts itself then). From this replica's
-    /// last scan of the cursors when it is at most two steps old (the
-    /// summary itself is recomputed every 15 s, so this adds at most one
-    /// step of lag); a read of the tenant's cursor otherwise.
-    pub(in crate::store::cql) async fn stored_summary(
-        &self,
-        tenant: &str,
-    ) -> StoreResult<Option<PendingCounts>> {
+    /// The work of [`super::PendingIndex::stored_summary`].
+    pub(super) async fn stored_summary(&self, tenant: &str) -> StoreResult<Option<PendingCounts>> {
         let fresh_for = self.step() * 2;
         if let Ok(scanned) = self.summaries.lock()
             && let Some(scanned) = scanned.as_ref()
@@ -409,7 +350,7 @@ impl PendingIndex {
         {
             return Ok(scanned.by_tenant.get(tenant).cloned().flatten());
         }
-        Ok(self.read_cursor(tenant).await?.and_then(|c| c.summary))
+        Ok(Cursor::read(self.0, tenant).await?.and_then(|c| c.summary))
     }
 
     /// Keeps the summaries of a scan for [`PendingIndex::stored_summary`].
