@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, anyhow, bail};
 
-use super::{Parallel, Probe, TENANT, Target, Tools, client_command, output_of};
+use super::probe::{Parallel, Probe, TENANT, Target, Tools, client_command, output_of};
 use crate::systems::{ENDPOINT, FINGERPRINT};
 
 /// The Claim request ghz sends, as proto3 JSON. `{{.UUID}}` is ghz's

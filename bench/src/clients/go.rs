@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 
-use super::{Probe, TENANT, Target, WARMUP_CALLS, client_command, output_of, unique_key};
+use super::probe::{Probe, TENANT, Target, WARMUP_CALLS, client_command, output_of, unique_key};
 use crate::systems::ENDPOINT;
 
 /// What the Go loop prints (one JSON object).

@@ -9,7 +9,7 @@ use idemd::proto::v1 as pb;
 use idemd::proto::v1::idempotency_client::IdempotencyClient;
 use tonic::transport::Channel;
 
-use super::{PROBES, Probe, TENANT, WARMUP_CALLS, unique_key};
+use super::probe::{PROBES, Probe, TENANT, WARMUP_CALLS, unique_key};
 use crate::systems::{ENDPOINT, FINGERPRINT, stored_response};
 
 pub(super) async fn connect(url: &str) -> Result<IdempotencyClient<Channel>> {

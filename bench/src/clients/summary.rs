@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::{CLIENTS, ClientKind, ClientsReport, Figure, PROBES, Probe, WARMUP_CALLS};
+use super::probe::{CLIENTS, ClientKind, ClientsReport, Figure, PROBES, Probe, WARMUP_CALLS};
 use crate::targets::{Target, median, ratio_target};
 
 /// Medians over the runs of one (system, client, probe).

@@ -10,7 +10,7 @@ use idemd::proto::v1::idempotency_client::IdempotencyClient;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::Channel;
 
-use super::{ClaimOutcome, ENDPOINT, FINGERPRINT, stored_response};
+use super::workload::{ClaimOutcome, ENDPOINT, FINGERPRINT, stored_response};
 
 /// gRPC client over `connections` HTTP/2 connections.
 pub struct Grpc {

@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result, bail};
 
-use super::{ClaimOutcome, ENDPOINT, FINGERPRINT, RESPONSE_BODY};
+use super::workload::{ClaimOutcome, ENDPOINT, FINGERPRINT, RESPONSE_BODY};
 
 /// One HTTP/1.1 keep-alive connection: one request at a time.
 type HttpConnection =

@@ -10,7 +10,7 @@ use scylla::client::session::Session;
 use scylla::statement::prepared::PreparedStatement;
 use scylla::value::{CqlValue, Row};
 
-use super::{ClaimOutcome, ENDPOINT, FINGERPRINT, TTL_SECONDS, now_ms, stored_response};
+use super::workload::{ClaimOutcome, ENDPOINT, FINGERPRINT, TTL_SECONDS, now_ms, stored_response};
 
 /// Tenant of the raw-LWT rows: never collides with idemd's own.
 const LWT_TENANT: &str = "bench-raw-lwt";

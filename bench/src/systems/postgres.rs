@@ -4,7 +4,7 @@
 
 use anyhow::{Context, Result, bail};
 
-use super::{ClaimOutcome, ENDPOINT, FINGERPRINT, RESPONSE_BODY, TENANT_UUID};
+use super::workload::{ClaimOutcome, ENDPOINT, FINGERPRINT, RESPONSE_BODY, TENANT_UUID};
 
 /// The article's table (reference/baselines/postgres-seed-schema.sql).
 pub const POSTGRES_SCHEMA: &str = include_str!("../../sql/postgres-schema.sql");

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Result, bail};
 
-use super::{ClaimOutcome, FINGERPRINT, RESPONSE_BODY, TTL_SECONDS};
+use super::workload::{ClaimOutcome, FINGERPRINT, RESPONSE_BODY, TTL_SECONDS};
 
 /// Multiplexed Redis connections (each pipelines its in-flight commands).
 pub struct Redis {

@@ -11,7 +11,10 @@
 
 use std::collections::BTreeSet;
 
-use super::{Module, modules, paths_after};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use super::{CrateRoot, Module, modules, paths_after, rust_modules};
 
 /// `(file, item)`: files allowed to import an item their folder's
 /// `mod.rs` defines. None since issue 53 moved every such item to a ground
@@ -63,13 +66,25 @@ fn without_tests(code: &str) -> &str {
         .map_or(code, |at| &code[..at])
 }
 
-/// Every `(file, item)` in `src/` where a file imports an item its
-/// folder's `mod.rs` defines, by `super::` or by a `crate::` path.
+/// Every `(file, item)` in the library (`src/`) and the bench and fault
+/// crates where a file imports an item its folder's `mod.rs` defines, by
+/// `super::` or by a `crate::` path.
 fn parent_imports() -> BTreeSet<(String, String)> {
-    let modules = modules();
+    let root = super::root();
+    let mut found = parent_imports_in(&modules());
+    for dir in ["bench/src", "faults/src"] {
+        let crate_modules = rust_modules(&root.join(dir), CrateRoot::Binary);
+        assert!(crate_modules.len() > 5, "found {dir}");
+        found.extend(parent_imports_in(&crate_modules));
+    }
+    found
+}
+
+/// [`parent_imports`] in one crate's modules.
+fn parent_imports_in(modules: &BTreeMap<Module, (PathBuf, String)>) -> BTreeSet<(String, String)> {
     let root = super::root();
     let mut found = BTreeSet::new();
-    for (module, (path, code)) in &modules {
+    for (module, (path, code)) in modules {
         let is_front_door = path.file_name().is_some_and(|name| name == "mod.rs");
         let file = path.file_name().map(|n| n.to_string_lossy().to_string());
         let test_file = file.as_deref().is_some_and(|f| f.ends_with("tests.rs"));
