@@ -6,6 +6,7 @@
 #                                                           (default 1), wait until CQL answers
 #   scripts/cassandra.sh stop                               stop every node of the cluster (SIGTERM, then SIGKILL)
 #   scripts/cassandra.sh status [--nodes N]                 print each node's state; exit 0 only if all are up
+#   scripts/cassandra.sh errors [--nodes N]                 each node's ERROR/WARN count and last ERROR lines (for a failed test's log)
 #   scripts/cassandra.sh kill    I                          SIGKILL node I (its data stays: a crash)
 #   scripts/cassandra.sh pause   I                          SIGSTOP node I (alive to the kernel, silent to peers)
 #   scripts/cassandra.sh resume  I                          SIGCONT node I
@@ -78,6 +79,7 @@ usage() {
 usage: scripts/cassandra.sh start  [--nodes N] [--dcs D] [--keep-data]
        scripts/cassandra.sh stop
        scripts/cassandra.sh status [--nodes N]
+       scripts/cassandra.sh errors [--nodes N]
        scripts/cassandra.sh kill|pause|resume|restart I
 EOF
     exit 2
@@ -647,6 +649,22 @@ cmd_start() {
     log "cluster of $n node(s) in $d datacenter(s) up in $((SECONDS - t0))s (Cassandra $CASSANDRA_VERSION, heap $heap per node)"
 }
 
+# What each node's log says went wrong: a CI log is often all there is to
+# read after a failed test (a node whose schema merge threw, a JVM pause).
+cmd_errors() {
+    local n=$1 i log errors
+    if ((n == 0)); then
+        n="$(configured_nodes)"
+    fi
+    for ((i = 1; i <= n; i++)); do
+        log="$(node_dir "$i")/logs/system.log"
+        [[ -f "$log" ]] || continue
+        errors="$(grep -cE '^(ERROR|WARN) ' "$log" || true)"
+        log "node$i: $errors ERROR/WARN lines in $log; the last ERROR lines:"
+        grep -E '^ERROR ' "$log" | tail -n 5 | cut -c1-300 >&2 || true
+    done
+}
+
 cmd_status() {
     local n=$1 i pid ip failed=0
     if ((n == 0)); then
@@ -768,6 +786,7 @@ main() {
             fi
             ;;
         status) cmd_status "$nodes" ;;
+        errors) cmd_errors "$nodes" ;;
         *) usage ;;
     esac
 }

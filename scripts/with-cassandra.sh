@@ -27,15 +27,6 @@ done
 status=0
 IDEMD_TEST_CQL_NODES="$contact" IDEMD_TEST_CQL_DCS="$dcs" "$@" || status=$?
 if [ "$status" -ne 0 ]; then
-  # What the cluster said while the command failed: a CI log is often all
-  # there is to read afterwards (a node whose schema merge threw, a JVM pause).
-  home="${IDEMD_CASSANDRA_HOME:-$here/../.cache/cassandra}"
-  for i in $(seq 1 "$nodes"); do
-    log="$home/nodes/node$i/logs/system.log"
-    [ -f "$log" ] || continue
-    errors=$(grep -cE '^(ERROR|WARN) ' "$log" || true)
-    echo "with-cassandra.sh: node$i: $errors ERROR/WARN lines in $log; the last ERROR lines:" >&2
-    grep -E '^ERROR ' "$log" | tail -n 5 | cut -c1-300 >&2 || true
-  done
+  "$here/cassandra.sh" errors --nodes "$nodes" || true
 fi
 exit "$status"
