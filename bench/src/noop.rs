@@ -89,6 +89,41 @@ impl Idempotency for Noop {
         }))
     }
 
+    /// Each item as `claim` answers it: the no-op's batch costs what
+    /// decoding and encoding the items cost, nothing more.
+    async fn claim_batch(
+        &self,
+        request: Request<pb::ClaimBatchRequest>,
+    ) -> Result<Response<pb::ClaimBatchResponse>, Status> {
+        let mut results = Vec::new();
+        for claim in request.into_inner().claims {
+            let response = self.claim(Request::new(claim)).await?.into_inner();
+            results.push(pb::ClaimBatchResult {
+                result: Some(pb::claim_batch_result::Result::Response(response)),
+            });
+        }
+        Ok(Response::new(pb::ClaimBatchResponse { results }))
+    }
+
+    async fn complete_batch(
+        &self,
+        request: Request<pb::CompleteBatchRequest>,
+    ) -> Result<Response<pb::CompleteBatchResponse>, Status> {
+        let results = request
+            .into_inner()
+            .completions
+            .iter()
+            .map(|_| pb::CompleteBatchResult {
+                result: Some(pb::complete_batch_result::Result::Response(
+                    pb::CompleteResponse {
+                        expires_at: Some(timestamp(Duration::from_secs(86_400))),
+                    },
+                )),
+            })
+            .collect();
+        Ok(Response::new(pb::CompleteBatchResponse { results }))
+    }
+
     async fn complete(
         &self,
         _request: Request<pb::CompleteRequest>,

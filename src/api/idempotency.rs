@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use futures::future::join_all;
 use tonic::{Request, Response, Status};
 
 use crate::auth::{Action, Authenticator};
@@ -17,7 +18,7 @@ use crate::proto::v1 as pb;
 use super::convert::{
     claim_response, duration_ms, lease_to_pb, record_to_pb, response_from_pb, timestamp,
 };
-use super::status;
+use super::{batch, status};
 
 /// The `Idempotency` service.
 #[derive(Debug, Clone)]
@@ -79,73 +80,14 @@ impl IdempotencyService {
             .increment(1);
     }
 
-    pub(super) fn count_lease_lost(&self, tenant: &str, endpoint: &str, error: &EngineError) {
-        if let EngineError::FailedPrecondition {
-            reason: PreconditionReason::LeaseLost,
-            ..
-        } = error
-        {
-            let (tenant, endpoint) = self.labels(tenant, endpoint);
-            metrics::counter!(names::LEASE_LOST, "tenant" => tenant, "endpoint" => endpoint)
-                .increment(1);
-        }
-    }
-}
-
-/// Request messages name the endpoint they act on (or filter by); that is
-/// what a token's endpoint allow-list is checked against.
-pub trait HasEndpoint {
-    /// The endpoint, or empty for "all endpoints".
-    fn endpoint(&self) -> &str;
-}
-
-macro_rules! has_endpoint {
-    ($($message:ty),*) => {
-        $(impl HasEndpoint for $message {
-            fn endpoint(&self) -> &str {
-                &self.endpoint
-            }
-        })*
-    };
-}
-
-has_endpoint!(
-    pb::ClaimRequest,
-    pb::CompleteRequest,
-    pb::FailRequest,
-    pb::ExtendLeaseRequest,
-    pb::LookupRequest,
-    pb::ListPendingRequest,
-    pb::ReconcileRequest,
-    pb::ListAuditEventsRequest
-);
-
-/// Whether an error means the caller's request was refused as invalid.
-pub(super) fn is_rejection(error: &EngineError) -> bool {
-    matches!(
-        error,
-        EngineError::InvalidArgument { .. } | EngineError::TooLarge { .. }
-    )
-}
-
-#[tonic::async_trait]
-impl pb::idempotency_server::Idempotency for IdempotencyService {
-    async fn claim(
+    /// One Claim for an authenticated `tenant`: the single RPC and each item
+    /// of ClaimBatch, so both answer alike.
+    async fn claim_item(
         &self,
-        request: Request<pb::ClaimRequest>,
-    ) -> Result<Response<pb::ClaimResponse>, Status> {
-        let tenant = match self.tenant(&request, Action::Execute) {
-            Ok(tenant) => tenant,
-            Err(status) => {
-                self.count_claim(
-                    UNAUTHENTICATED_TENANT,
-                    &request.get_ref().endpoint,
-                    "rejected",
-                );
-                return Err(status);
-            }
-        };
-        let request = request.into_inner();
+        tenant: &str,
+        request: pb::ClaimRequest,
+    ) -> Result<pb::ClaimResponse, Status> {
+        let tenant = tenant.to_owned();
         let endpoint = request.endpoint.clone();
         let fingerprint = match request.fingerprint {
             Some(pb::claim_request::Fingerprint::Request(http)) => FingerprintInput::Request {
@@ -184,18 +126,16 @@ impl pb::idempotency_server::Idempotency for IdempotencyService {
             }
         };
         self.count_claim(&tenant, &endpoint, result.outcome.as_str());
-        Ok(Response::new(claim_response(
-            result.outcome,
-            result.fingerprint,
-        )))
+        Ok(claim_response(result.outcome, result.fingerprint))
     }
 
-    async fn complete(
+    /// One Complete for an authenticated `tenant`: the single RPC and each
+    /// item of CompleteBatch.
+    async fn complete_item(
         &self,
-        request: Request<pb::CompleteRequest>,
-    ) -> Result<Response<pb::CompleteResponse>, Status> {
-        let tenant = self.tenant(&request, Action::Execute)?;
-        let request = request.into_inner();
+        tenant: &str,
+        request: pb::CompleteRequest,
+    ) -> Result<pb::CompleteResponse, Status> {
         if request.response.is_none() {
             return Err(status::invalid_field("response", "is required"));
         }
@@ -204,7 +144,7 @@ impl pb::idempotency_server::Idempotency for IdempotencyService {
         let expires_at_ms = self
             .engine
             .complete(
-                &tenant,
+                tenant,
                 &request.endpoint,
                 &request.key,
                 &request.lease_token,
@@ -212,16 +152,99 @@ impl pb::idempotency_server::Idempotency for IdempotencyService {
             )
             .await
             .map_err(|error| {
-                self.count_lease_lost(&tenant, &request.endpoint, &error);
+                self.count_lease_lost(tenant, &request.endpoint, &error);
                 status::engine_status(error)
             })?;
-        let (tenant_label, endpoint_label) = self.labels(&tenant, &request.endpoint);
+        let (tenant_label, endpoint_label) = self.labels(tenant, &request.endpoint);
         metrics::counter!(names::COMPLETIONS, "tenant" => tenant_label, "endpoint" => endpoint_label)
             .increment(1);
         metrics::histogram!(names::STORED_RESPONSE_BYTES).record(size as f64);
-        Ok(Response::new(pb::CompleteResponse {
+        Ok(pb::CompleteResponse {
             expires_at: Some(timestamp(expires_at_ms)),
-        }))
+        })
+    }
+
+    pub(super) fn count_lease_lost(&self, tenant: &str, endpoint: &str, error: &EngineError) {
+        if let EngineError::FailedPrecondition {
+            reason: PreconditionReason::LeaseLost,
+            ..
+        } = error
+        {
+            let (tenant, endpoint) = self.labels(tenant, endpoint);
+            metrics::counter!(names::LEASE_LOST, "tenant" => tenant, "endpoint" => endpoint)
+                .increment(1);
+        }
+    }
+}
+
+/// Request messages name the endpoint they act on (or filter by); that is
+/// what a token's endpoint allow-list is checked against.
+pub trait HasEndpoint {
+    /// The endpoint, or empty for "all endpoints".
+    fn endpoint(&self) -> &str;
+}
+
+macro_rules! has_endpoint {
+    ($($message:ty),*) => {
+        $(impl HasEndpoint for $message {
+            fn endpoint(&self) -> &str {
+                &self.endpoint
+            }
+        })*
+    };
+}
+
+has_endpoint!(
+    pb::ClaimRequest,
+    pb::CompleteRequest,
+    pb::FailRequest,
+    pb::ExtendLeaseRequest,
+    pb::LookupRequest,
+    pb::ListPendingRequest,
+    pb::ReconcileRequest,
+    pb::ListAuditEventsRequest,
+    pb::ClaimBatchRequest,
+    pb::CompleteBatchRequest
+);
+
+/// Whether an error means the caller's request was refused as invalid.
+pub(super) fn is_rejection(error: &EngineError) -> bool {
+    matches!(
+        error,
+        EngineError::InvalidArgument { .. } | EngineError::TooLarge { .. }
+    )
+}
+
+#[tonic::async_trait]
+impl pb::idempotency_server::Idempotency for IdempotencyService {
+    async fn claim(
+        &self,
+        request: Request<pb::ClaimRequest>,
+    ) -> Result<Response<pb::ClaimResponse>, Status> {
+        let tenant = match self.tenant(&request, Action::Execute) {
+            Ok(tenant) => tenant,
+            Err(status) => {
+                self.count_claim(
+                    UNAUTHENTICATED_TENANT,
+                    &request.get_ref().endpoint,
+                    "rejected",
+                );
+                return Err(status);
+            }
+        };
+        self.claim_item(&tenant, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn complete(
+        &self,
+        request: Request<pb::CompleteRequest>,
+    ) -> Result<Response<pb::CompleteResponse>, Status> {
+        let tenant = self.tenant(&request, Action::Execute)?;
+        self.complete_item(&tenant, request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn fail(
@@ -365,6 +388,73 @@ impl pb::idempotency_server::Idempotency for IdempotencyService {
         Ok(Response::new(pb::ReconcileResponse {
             record: result.record.as_ref().map(|r| record_to_pb(r, true)),
             takeover: result.takeover.as_ref().map(lease_to_pb),
+        }))
+    }
+
+    async fn claim_batch(
+        &self,
+        request: Request<pb::ClaimBatchRequest>,
+    ) -> Result<Response<pb::ClaimBatchResponse>, Status> {
+        let tenant = self.tenant(&request, Action::Execute)?;
+        let batch = request.into_inner();
+        batch::check(&batch.endpoint, "claims", batch.claims.len())?;
+        // Concurrently, so the store sees them together (one group commit on
+        // the embedded store, parallel LWTs on CQL); join_all keeps the order.
+        let results = join_all(batch.claims.into_iter().enumerate().map(|(index, claim)| {
+            let tenant = &tenant;
+            let endpoint = &batch.endpoint;
+            async move {
+                let claim = batch::with_endpoint("claims", index, endpoint, claim)?;
+                self.claim_item(tenant, claim).await
+            }
+        }))
+        .await;
+        Ok(Response::new(pb::ClaimBatchResponse {
+            results: results
+                .into_iter()
+                .map(|result| pb::ClaimBatchResult {
+                    result: Some(match result {
+                        Ok(response) => pb::claim_batch_result::Result::Response(response),
+                        Err(status) => {
+                            pb::claim_batch_result::Result::Error(batch::item_error(status))
+                        }
+                    }),
+                })
+                .collect(),
+        }))
+    }
+
+    async fn complete_batch(
+        &self,
+        request: Request<pb::CompleteBatchRequest>,
+    ) -> Result<Response<pb::CompleteBatchResponse>, Status> {
+        let tenant = self.tenant(&request, Action::Execute)?;
+        let batch = request.into_inner();
+        batch::check(&batch.endpoint, "completions", batch.completions.len())?;
+        let results = join_all(batch.completions.into_iter().enumerate().map(
+            |(index, completion)| {
+                let tenant = &tenant;
+                let endpoint = &batch.endpoint;
+                async move {
+                    let completion =
+                        batch::with_endpoint("completions", index, endpoint, completion)?;
+                    self.complete_item(tenant, completion).await
+                }
+            },
+        ))
+        .await;
+        Ok(Response::new(pb::CompleteBatchResponse {
+            results: results
+                .into_iter()
+                .map(|result| pb::CompleteBatchResult {
+                    result: Some(match result {
+                        Ok(response) => pb::complete_batch_result::Result::Response(response),
+                        Err(status) => {
+                            pb::complete_batch_result::Result::Error(batch::item_error(status))
+                        }
+                    }),
+                })
+                .collect(),
         }))
     }
 }

@@ -6,6 +6,7 @@
 //! layer never sees a storage type beyond the engine's domain records.
 
 pub mod audit;
+pub mod batch;
 pub mod convert;
 pub mod idempotency;
 pub mod status;

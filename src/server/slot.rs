@@ -126,6 +126,8 @@ delegate! {
         lookup(pb::LookupRequest) -> pb::LookupResponse, "Lookup";
         list_pending(pb::ListPendingRequest) -> pb::ListPendingResponse, "ListPending";
         reconcile(pb::ReconcileRequest) -> pb::ReconcileResponse, "Reconcile";
+        claim_batch(pb::ClaimBatchRequest) -> pb::ClaimBatchResponse, "ClaimBatch";
+        complete_batch(pb::CompleteBatchRequest) -> pb::CompleteBatchResponse, "CompleteBatch";
     }
 }
 

@@ -51,6 +51,8 @@ macro_rules! grpc_suite {
             reconcile_on_completed_is_failed_precondition,
             audit_log_records_transitions_of_audited_endpoints,
             audit_requests_are_validated,
+            batch_items_answer_as_the_single_rpcs_would,
+            batch_bounds_and_endpoints_are_enforced,
         );
     };
     (@tests $start:path, $after:path; $($name:ident,)*) => {
@@ -1709,4 +1711,254 @@ pub async fn audit_requests_are_validated(server: &TestServer) {
             .expect_err("rejected");
         assert_bad_field(&status, code, field);
     }
+}
+
+/// An item error as the `Status` the single RPC would have returned.
+fn item_status(error: &pb::ItemError) -> tonic::Status {
+    tonic::Status::with_details(
+        Code::from(error.code),
+        error.message.clone(),
+        error.status_details.clone().into(),
+    )
+}
+
+fn claim_item(result: &pb::ClaimBatchResult) -> Result<&pb::ClaimResponse, tonic::Status> {
+    match result.result.as_ref().expect("every item has a result") {
+        pb::claim_batch_result::Result::Response(response) => Ok(response),
+        pb::claim_batch_result::Result::Error(error) => Err(item_status(error)),
+    }
+}
+
+fn complete_item(result: &pb::CompleteBatchResult) -> Result<&pb::CompleteResponse, tonic::Status> {
+    match result.result.as_ref().expect("every item has a result") {
+        pb::complete_batch_result::Result::Response(response) => Ok(response),
+        pb::complete_batch_result::Result::Error(error) => Err(item_status(error)),
+    }
+}
+
+/// ClaimBatch and CompleteBatch: each item answered in order as Claim and
+/// Complete answer it alone (fresh, the same key twice in one batch, a bad
+/// key, a stale token), the other items unaffected, and what a batch stored
+/// is what single calls see.
+pub async fn batch_items_answer_as_the_single_rpcs_would(server: &TestServer) {
+    let (a, b, c) = (key("batch-a"), key("batch-b"), key("batch-c"));
+    let mut client = server.new_client().await;
+    let mut no_endpoint = claim("", &b, 2);
+    no_endpoint.endpoint.clear();
+    let claims = client
+        .claim_batch(as_tenant(
+            T,
+            pb::ClaimBatchRequest {
+                endpoint: PAYMENTS.into(),
+                claims: vec![
+                    claim(PAYMENTS, &a, 1),
+                    no_endpoint,
+                    claim(PAYMENTS, "not a key!", 3),
+                    claim(PAYMENTS, &c, 4),
+                    claim(PAYMENTS, &c, 4),
+                ],
+            },
+        ))
+        .await
+        .expect("ClaimBatch")
+        .into_inner()
+        .results;
+    assert_eq!(claims.len(), 5, "one result per item");
+    let lease_a = claimed(claim_item(&claims[0]).expect("a claimed"));
+    let lease_b = claimed(claim_item(&claims[1]).expect("b claimed under the batch's endpoint"));
+    let bad = claim_item(&claims[2]).expect_err("a bad key is that item's error");
+    assert_bad_field(&bad, Code::InvalidArgument, "key");
+    // The same key twice in one batch: the items race like two callers do;
+    // exactly one wins, the other is told the key is in progress.
+    let mut twice: Vec<&str> = [&claims[3], &claims[4]]
+        .iter()
+        .map(|r| outcome_name(claim_item(r).expect("c answered")))
+        .collect();
+    twice.sort_unstable();
+    assert_eq!(twice, ["claimed", "in_progress"], "one winner per key");
+    let lease_c = [&claims[3], &claims[4]]
+        .iter()
+        .find_map(|r| match &claim_item(r).ok()?.outcome {
+            Some(pb::claim_response::Outcome::Claimed(lease)) => Some(lease.clone()),
+            _ => None,
+        })
+        .expect("c has a winner");
+
+    // A single Claim sees what the batch did.
+    let single = claim_ok(server, T, claim(PAYMENTS, &a, 1)).await;
+    assert_eq!(
+        outcome_name(&single),
+        "in_progress",
+        "a is held by the batch's lease"
+    );
+
+    let completion = |key: &str, token: &str| pb::CompleteRequest {
+        endpoint: String::new(),
+        key: key.into(),
+        lease_token: token.into(),
+        response: Some(sample_response(key)),
+    };
+    let mut missing_response = completion(&b, &lease_b.lease_token);
+    missing_response.response = None;
+    let completions = client
+        .complete_batch(as_tenant(
+            T,
+            pb::CompleteBatchRequest {
+                endpoint: PAYMENTS.into(),
+                completions: vec![
+                    completion(&a, &lease_a.lease_token),
+                    completion(&c, "0123456789abcdef0123456789abcdef"),
+                    missing_response,
+                    completion(&c, &lease_c.lease_token),
+                ],
+            },
+        ))
+        .await
+        .expect("CompleteBatch")
+        .into_inner()
+        .results;
+    assert_eq!(completions.len(), 4, "one result per item");
+    assert!(
+        ts_ms(
+            &complete_item(&completions[0])
+                .expect("a completes")
+                .expires_at
+        ) > 0
+    );
+    assert_precondition(
+        &complete_item(&completions[1]).expect_err("a stale token is refused"),
+        "LEASE_LOST",
+    );
+    assert_bad_field(
+        &complete_item(&completions[2]).expect_err("a response is required"),
+        Code::InvalidArgument,
+        "response",
+    );
+    complete_item(&completions[3]).expect("c completes");
+
+    // What the batch stored replays to single calls and to another batch;
+    // b, whose Complete was refused, is still held.
+    assert_eq!(
+        replayed(&claim_ok(server, T, claim(PAYMENTS, &a, 1)).await).response,
+        Some(sample_response(&a))
+    );
+    let again = client
+        .claim_batch(as_tenant(
+            T,
+            pb::ClaimBatchRequest {
+                endpoint: PAYMENTS.into(),
+                claims: vec![
+                    claim(PAYMENTS, &c, 4),
+                    claim(PAYMENTS, &b, 2),
+                    claim(PAYMENTS, &a, 999),
+                ],
+            },
+        ))
+        .await
+        .expect("ClaimBatch")
+        .into_inner()
+        .results;
+    let names: Vec<&str> = again
+        .iter()
+        .map(|r| outcome_name(claim_item(r).expect("answered")))
+        .collect();
+    assert_eq!(names, ["replayed", "in_progress", "mismatch"]);
+    assert_eq!(
+        replayed(claim_item(&again[0]).expect("c")).response,
+        Some(sample_response(&c))
+    );
+}
+
+/// A batch needs a valid endpoint and 1 to 500 items (INVALID_ARGUMENT
+/// naming the field, nothing applied); an item naming another endpoint is
+/// refused alone, since the caller was authorized for the batch's only.
+pub async fn batch_bounds_and_endpoints_are_enforced(server: &TestServer) {
+    let mut client = server.new_client().await;
+    let batch = |endpoint: &str, claims: Vec<pb::ClaimRequest>| {
+        as_tenant(
+            T,
+            pb::ClaimBatchRequest {
+                endpoint: endpoint.into(),
+                claims,
+            },
+        )
+    };
+    let empty = client
+        .claim_batch(batch(PAYMENTS, vec![]))
+        .await
+        .expect_err("an empty batch");
+    assert_bad_field(&empty, Code::InvalidArgument, "claims");
+    let first = key("batch-over");
+    let over: Vec<pb::ClaimRequest> = (0..501)
+        .map(|i| claim(PAYMENTS, &format!("{first}-{i}"), 1))
+        .collect();
+    let too_many = client
+        .claim_batch(batch(PAYMENTS, over.clone()))
+        .await
+        .expect_err("501 items");
+    assert_bad_field(&too_many, Code::InvalidArgument, "claims");
+    assert!(too_many.message().contains("500"), "{}", too_many.message());
+    // Nothing of the refused batch was applied.
+    let status = client
+        .lookup(as_tenant(
+            T,
+            pb::LookupRequest {
+                endpoint: PAYMENTS.into(),
+                key: format!("{first}-0"),
+                include_response: false,
+            },
+        ))
+        .await
+        .expect_err("not claimed");
+    assert_eq!(status.code(), Code::NotFound);
+    // 500 is allowed.
+    let full = client
+        .claim_batch(batch(PAYMENTS, over[..500].to_vec()))
+        .await
+        .expect("500 items")
+        .into_inner()
+        .results;
+    assert_eq!(full.len(), 500);
+    assert!(
+        full.iter()
+            .all(|r| outcome_name(claim_item(r).expect("claimed")) == "claimed")
+    );
+
+    let no_endpoint = client
+        .claim_batch(batch("", vec![claim(PAYMENTS, &key("batch-ep"), 1)]))
+        .await
+        .expect_err("the batch's endpoint is required");
+    assert_bad_field(&no_endpoint, Code::InvalidArgument, "endpoint");
+
+    let other = key("batch-other");
+    let mixed = client
+        .claim_batch(batch(
+            PAYMENTS,
+            vec![
+                claim(TAKEOVER_ENDPOINT, &other, 1),
+                claim(PAYMENTS, &other, 1),
+            ],
+        ))
+        .await
+        .expect("ClaimBatch")
+        .into_inner()
+        .results;
+    assert_bad_field(
+        &claim_item(&mixed[0]).expect_err("another endpoint"),
+        Code::InvalidArgument,
+        "claims[0].endpoint",
+    );
+    assert_eq!(outcome_name(claim_item(&mixed[1]).expect("ok")), "claimed");
+
+    let completions = client
+        .complete_batch(as_tenant(
+            T,
+            pb::CompleteBatchRequest {
+                endpoint: PAYMENTS.into(),
+                completions: vec![],
+            },
+        ))
+        .await
+        .expect_err("an empty batch");
+    assert_bad_field(&completions, Code::InvalidArgument, "completions");
 }

@@ -2183,6 +2183,448 @@ func (x *ListAuditEventsResponse) GetNextPageToken() string {
 	return ""
 }
 
+// At most 500 items per batch (more is INVALID_ARGUMENT naming `claims` or
+// `completions`); the whole message is also bounded by the server's 5 MiB
+// message cap. A batch counts as one call against the server's in-flight
+// limit.
+type ClaimBatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The endpoint of every item: the caller's token is authorized for it once.
+	// Required.
+	Endpoint string `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	// Each item's `endpoint` is empty (it takes the batch's) or equal to the
+	// batch's; another endpoint is that item's INVALID_ARGUMENT.
+	Claims        []*ClaimRequest `protobuf:"bytes,2,rep,name=claims,proto3" json:"claims,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimBatchRequest) Reset() {
+	*x = ClaimBatchRequest{}
+	mi := &file_idemd_v1_idempotency_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimBatchRequest) ProtoMessage() {}
+
+func (x *ClaimBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idemd_v1_idempotency_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimBatchRequest.ProtoReflect.Descriptor instead.
+func (*ClaimBatchRequest) Descriptor() ([]byte, []int) {
+	return file_idemd_v1_idempotency_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ClaimBatchRequest) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
+}
+
+func (x *ClaimBatchRequest) GetClaims() []*ClaimRequest {
+	if x != nil {
+		return x.Claims
+	}
+	return nil
+}
+
+type ClaimBatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One result per item of `claims`, in the same order.
+	Results       []*ClaimBatchResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimBatchResponse) Reset() {
+	*x = ClaimBatchResponse{}
+	mi := &file_idemd_v1_idempotency_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimBatchResponse) ProtoMessage() {}
+
+func (x *ClaimBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idemd_v1_idempotency_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimBatchResponse.ProtoReflect.Descriptor instead.
+func (*ClaimBatchResponse) Descriptor() ([]byte, []int) {
+	return file_idemd_v1_idempotency_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ClaimBatchResponse) GetResults() []*ClaimBatchResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+type ClaimBatchResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Result:
+	//
+	//	*ClaimBatchResult_Response
+	//	*ClaimBatchResult_Error
+	Result        isClaimBatchResult_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimBatchResult) Reset() {
+	*x = ClaimBatchResult{}
+	mi := &file_idemd_v1_idempotency_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimBatchResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimBatchResult) ProtoMessage() {}
+
+func (x *ClaimBatchResult) ProtoReflect() protoreflect.Message {
+	mi := &file_idemd_v1_idempotency_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimBatchResult.ProtoReflect.Descriptor instead.
+func (*ClaimBatchResult) Descriptor() ([]byte, []int) {
+	return file_idemd_v1_idempotency_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ClaimBatchResult) GetResult() isClaimBatchResult_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *ClaimBatchResult) GetResponse() *ClaimResponse {
+	if x != nil {
+		if x, ok := x.Result.(*ClaimBatchResult_Response); ok {
+			return x.Response
+		}
+	}
+	return nil
+}
+
+func (x *ClaimBatchResult) GetError() *ItemError {
+	if x != nil {
+		if x, ok := x.Result.(*ClaimBatchResult_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+type isClaimBatchResult_Result interface {
+	isClaimBatchResult_Result()
+}
+
+type ClaimBatchResult_Response struct {
+	// What Claim would have answered for this item.
+	Response *ClaimResponse `protobuf:"bytes,1,opt,name=response,proto3,oneof"`
+}
+
+type ClaimBatchResult_Error struct {
+	// The error Claim would have returned for this item (its status code,
+	// message and details); the other items are unaffected.
+	Error *ItemError `protobuf:"bytes,2,opt,name=error,proto3,oneof"`
+}
+
+func (*ClaimBatchResult_Response) isClaimBatchResult_Result() {}
+
+func (*ClaimBatchResult_Error) isClaimBatchResult_Result() {}
+
+type CompleteBatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// As in ClaimBatchRequest. Required.
+	Endpoint string `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	// Each item's `endpoint` is empty or equal to the batch's.
+	Completions   []*CompleteRequest `protobuf:"bytes,2,rep,name=completions,proto3" json:"completions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteBatchRequest) Reset() {
+	*x = CompleteBatchRequest{}
+	mi := &file_idemd_v1_idempotency_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteBatchRequest) ProtoMessage() {}
+
+func (x *CompleteBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idemd_v1_idempotency_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteBatchRequest.ProtoReflect.Descriptor instead.
+func (*CompleteBatchRequest) Descriptor() ([]byte, []int) {
+	return file_idemd_v1_idempotency_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *CompleteBatchRequest) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
+}
+
+func (x *CompleteBatchRequest) GetCompletions() []*CompleteRequest {
+	if x != nil {
+		return x.Completions
+	}
+	return nil
+}
+
+type CompleteBatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One result per item of `completions`, in the same order.
+	Results       []*CompleteBatchResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteBatchResponse) Reset() {
+	*x = CompleteBatchResponse{}
+	mi := &file_idemd_v1_idempotency_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteBatchResponse) ProtoMessage() {}
+
+func (x *CompleteBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idemd_v1_idempotency_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteBatchResponse.ProtoReflect.Descriptor instead.
+func (*CompleteBatchResponse) Descriptor() ([]byte, []int) {
+	return file_idemd_v1_idempotency_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *CompleteBatchResponse) GetResults() []*CompleteBatchResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+type CompleteBatchResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Result:
+	//
+	//	*CompleteBatchResult_Response
+	//	*CompleteBatchResult_Error
+	Result        isCompleteBatchResult_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompleteBatchResult) Reset() {
+	*x = CompleteBatchResult{}
+	mi := &file_idemd_v1_idempotency_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompleteBatchResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompleteBatchResult) ProtoMessage() {}
+
+func (x *CompleteBatchResult) ProtoReflect() protoreflect.Message {
+	mi := &file_idemd_v1_idempotency_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompleteBatchResult.ProtoReflect.Descriptor instead.
+func (*CompleteBatchResult) Descriptor() ([]byte, []int) {
+	return file_idemd_v1_idempotency_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *CompleteBatchResult) GetResult() isCompleteBatchResult_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *CompleteBatchResult) GetResponse() *CompleteResponse {
+	if x != nil {
+		if x, ok := x.Result.(*CompleteBatchResult_Response); ok {
+			return x.Response
+		}
+	}
+	return nil
+}
+
+func (x *CompleteBatchResult) GetError() *ItemError {
+	if x != nil {
+		if x, ok := x.Result.(*CompleteBatchResult_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+type isCompleteBatchResult_Result interface {
+	isCompleteBatchResult_Result()
+}
+
+type CompleteBatchResult_Response struct {
+	// What Complete would have answered for this item.
+	Response *CompleteResponse `protobuf:"bytes,1,opt,name=response,proto3,oneof"`
+}
+
+type CompleteBatchResult_Error struct {
+	// The error Complete would have returned for this item.
+	Error *ItemError `protobuf:"bytes,2,opt,name=error,proto3,oneof"`
+}
+
+func (*CompleteBatchResult_Response) isCompleteBatchResult_Result() {}
+
+func (*CompleteBatchResult_Error) isCompleteBatchResult_Result() {}
+
+// One batch item's error: the gRPC status the single RPC would have ended
+// with. An UNAVAILABLE item with ErrorInfo OUTCOME_UNKNOWN is uncertain (it
+// may have been applied) exactly as for the single RPC.
+type ItemError struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The gRPC status code (google.rpc.Code), never 0.
+	Code int32 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	// The status message; names the field for INVALID_ARGUMENT.
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// The encoded google.rpc.Status with its details (BadRequest, ErrorInfo,
+	// RetryInfo): the same bytes as the single RPC's grpc-status-details-bin
+	// trailer, so an SDK reads them with the parser it already has. Empty when
+	// the status has no details.
+	StatusDetails []byte `protobuf:"bytes,3,opt,name=status_details,json=statusDetails,proto3" json:"status_details,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ItemError) Reset() {
+	*x = ItemError{}
+	mi := &file_idemd_v1_idempotency_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ItemError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ItemError) ProtoMessage() {}
+
+func (x *ItemError) ProtoReflect() protoreflect.Message {
+	mi := &file_idemd_v1_idempotency_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ItemError.ProtoReflect.Descriptor instead.
+func (*ItemError) Descriptor() ([]byte, []int) {
+	return file_idemd_v1_idempotency_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *ItemError) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *ItemError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *ItemError) GetStatusDetails() []byte {
+	if x != nil {
+		return x.StatusDetails
+	}
+	return nil
+}
+
 var File_idemd_v1_idempotency_proto protoreflect.FileDescriptor
 
 const file_idemd_v1_idempotency_proto_rawDesc = "" +
@@ -2340,7 +2782,29 @@ const file_idemd_v1_idempotency_proto_rawDesc = "" +
 	" \x01(\v2\x19.google.protobuf.DurationR\alatency\"o\n" +
 	"\x17ListAuditEventsResponse\x12,\n" +
 	"\x06events\x18\x01 \x03(\v2\x14.idemd.v1.AuditEventR\x06events\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken*t\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"_\n" +
+	"\x11ClaimBatchRequest\x12\x1a\n" +
+	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12.\n" +
+	"\x06claims\x18\x02 \x03(\v2\x16.idemd.v1.ClaimRequestR\x06claims\"J\n" +
+	"\x12ClaimBatchResponse\x124\n" +
+	"\aresults\x18\x01 \x03(\v2\x1a.idemd.v1.ClaimBatchResultR\aresults\"\x80\x01\n" +
+	"\x10ClaimBatchResult\x125\n" +
+	"\bresponse\x18\x01 \x01(\v2\x17.idemd.v1.ClaimResponseH\x00R\bresponse\x12+\n" +
+	"\x05error\x18\x02 \x01(\v2\x13.idemd.v1.ItemErrorH\x00R\x05errorB\b\n" +
+	"\x06result\"o\n" +
+	"\x14CompleteBatchRequest\x12\x1a\n" +
+	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12;\n" +
+	"\vcompletions\x18\x02 \x03(\v2\x19.idemd.v1.CompleteRequestR\vcompletions\"P\n" +
+	"\x15CompleteBatchResponse\x127\n" +
+	"\aresults\x18\x01 \x03(\v2\x1d.idemd.v1.CompleteBatchResultR\aresults\"\x86\x01\n" +
+	"\x13CompleteBatchResult\x128\n" +
+	"\bresponse\x18\x01 \x01(\v2\x1a.idemd.v1.CompleteResponseH\x00R\bresponse\x12+\n" +
+	"\x05error\x18\x02 \x01(\v2\x13.idemd.v1.ItemErrorH\x00R\x05errorB\b\n" +
+	"\x06result\"`\n" +
+	"\tItemError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12%\n" +
+	"\x0estatus_details\x18\x03 \x01(\fR\rstatusDetails*t\n" +
 	"\vDisposition\x12\x1b\n" +
 	"\x17DISPOSITION_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13DISPOSITION_RELEASE\x10\x01\x12\x17\n" +
@@ -2351,7 +2815,7 @@ const file_idemd_v1_idempotency_proto_rawDesc = "" +
 	"\x11STATE_IN_PROGRESS\x10\x01\x12\x13\n" +
 	"\x0fSTATE_COMPLETED\x10\x02\x12\x10\n" +
 	"\fSTATE_FAILED\x10\x03\x12\x11\n" +
-	"\rSTATE_UNKNOWN\x10\x042\xdc\x03\n" +
+	"\rSTATE_UNKNOWN\x10\x042\xf7\x04\n" +
 	"\vIdempotency\x128\n" +
 	"\x05Claim\x12\x16.idemd.v1.ClaimRequest\x1a\x17.idemd.v1.ClaimResponse\x12A\n" +
 	"\bComplete\x12\x19.idemd.v1.CompleteRequest\x1a\x1a.idemd.v1.CompleteResponse\x125\n" +
@@ -2359,7 +2823,10 @@ const file_idemd_v1_idempotency_proto_rawDesc = "" +
 	"\vExtendLease\x12\x1c.idemd.v1.ExtendLeaseRequest\x1a\x1d.idemd.v1.ExtendLeaseResponse\x12;\n" +
 	"\x06Lookup\x12\x17.idemd.v1.LookupRequest\x1a\x18.idemd.v1.LookupResponse\x12J\n" +
 	"\vListPending\x12\x1c.idemd.v1.ListPendingRequest\x1a\x1d.idemd.v1.ListPendingResponse\x12D\n" +
-	"\tReconcile\x12\x1a.idemd.v1.ReconcileRequest\x1a\x1b.idemd.v1.ReconcileResponse2_\n" +
+	"\tReconcile\x12\x1a.idemd.v1.ReconcileRequest\x1a\x1b.idemd.v1.ReconcileResponse\x12G\n" +
+	"\n" +
+	"ClaimBatch\x12\x1b.idemd.v1.ClaimBatchRequest\x1a\x1c.idemd.v1.ClaimBatchResponse\x12P\n" +
+	"\rCompleteBatch\x12\x1e.idemd.v1.CompleteBatchRequest\x1a\x1f.idemd.v1.CompleteBatchResponse2_\n" +
 	"\x05Audit\x12V\n" +
 	"\x0fListAuditEvents\x12 .idemd.v1.ListAuditEventsRequest\x1a!.idemd.v1.ListAuditEventsResponseBH\n" +
 	"\fdev.idemd.v1P\x01Z6github.com/idemd/idemd/clients/go/gen/idemd/v1;idemdv1b\x06proto3"
@@ -2377,7 +2844,7 @@ func file_idemd_v1_idempotency_proto_rawDescGZIP() []byte {
 }
 
 var file_idemd_v1_idempotency_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_idemd_v1_idempotency_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_idemd_v1_idempotency_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_idemd_v1_idempotency_proto_goTypes = []any{
 	(Disposition)(0),                // 0: idemd.v1.Disposition
 	(State)(0),                      // 1: idemd.v1.State
@@ -2409,72 +2876,91 @@ var file_idemd_v1_idempotency_proto_goTypes = []any{
 	(*ListAuditEventsRequest)(nil),  // 27: idemd.v1.ListAuditEventsRequest
 	(*AuditEvent)(nil),              // 28: idemd.v1.AuditEvent
 	(*ListAuditEventsResponse)(nil), // 29: idemd.v1.ListAuditEventsResponse
-	(*durationpb.Duration)(nil),     // 30: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 31: google.protobuf.Timestamp
+	(*ClaimBatchRequest)(nil),       // 30: idemd.v1.ClaimBatchRequest
+	(*ClaimBatchResponse)(nil),      // 31: idemd.v1.ClaimBatchResponse
+	(*ClaimBatchResult)(nil),        // 32: idemd.v1.ClaimBatchResult
+	(*CompleteBatchRequest)(nil),    // 33: idemd.v1.CompleteBatchRequest
+	(*CompleteBatchResponse)(nil),   // 34: idemd.v1.CompleteBatchResponse
+	(*CompleteBatchResult)(nil),     // 35: idemd.v1.CompleteBatchResult
+	(*ItemError)(nil),               // 36: idemd.v1.ItemError
+	(*durationpb.Duration)(nil),     // 37: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 38: google.protobuf.Timestamp
 }
 var file_idemd_v1_idempotency_proto_depIdxs = []int32{
 	2,  // 0: idemd.v1.ClaimRequest.request:type_name -> idemd.v1.HttpRequest
-	30, // 1: idemd.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
-	30, // 2: idemd.v1.ClaimRequest.ttl:type_name -> google.protobuf.Duration
-	30, // 3: idemd.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
+	37, // 1: idemd.v1.ClaimRequest.lease:type_name -> google.protobuf.Duration
+	37, // 2: idemd.v1.ClaimRequest.ttl:type_name -> google.protobuf.Duration
+	37, // 3: idemd.v1.ClaimRequest.wait:type_name -> google.protobuf.Duration
 	5,  // 4: idemd.v1.ClaimResponse.claimed:type_name -> idemd.v1.Claimed
 	6,  // 5: idemd.v1.ClaimResponse.replayed:type_name -> idemd.v1.Replayed
 	7,  // 6: idemd.v1.ClaimResponse.in_progress:type_name -> idemd.v1.InProgress
 	8,  // 7: idemd.v1.ClaimResponse.mismatch:type_name -> idemd.v1.FingerprintMismatch
 	9,  // 8: idemd.v1.ClaimResponse.pending:type_name -> idemd.v1.OutcomePending
-	31, // 9: idemd.v1.Claimed.lease_expires_at:type_name -> google.protobuf.Timestamp
-	31, // 10: idemd.v1.Claimed.expires_at:type_name -> google.protobuf.Timestamp
+	38, // 9: idemd.v1.Claimed.lease_expires_at:type_name -> google.protobuf.Timestamp
+	38, // 10: idemd.v1.Claimed.expires_at:type_name -> google.protobuf.Timestamp
 	10, // 11: idemd.v1.Replayed.response:type_name -> idemd.v1.StoredResponse
-	31, // 12: idemd.v1.Replayed.completed_at:type_name -> google.protobuf.Timestamp
-	30, // 13: idemd.v1.InProgress.retry_after:type_name -> google.protobuf.Duration
-	31, // 14: idemd.v1.InProgress.lease_expires_at:type_name -> google.protobuf.Timestamp
+	38, // 12: idemd.v1.Replayed.completed_at:type_name -> google.protobuf.Timestamp
+	37, // 13: idemd.v1.InProgress.retry_after:type_name -> google.protobuf.Duration
+	38, // 14: idemd.v1.InProgress.lease_expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 15: idemd.v1.OutcomePending.state:type_name -> idemd.v1.State
 	11, // 16: idemd.v1.StoredResponse.headers:type_name -> idemd.v1.Header
 	10, // 17: idemd.v1.CompleteRequest.response:type_name -> idemd.v1.StoredResponse
-	31, // 18: idemd.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
+	38, // 18: idemd.v1.CompleteResponse.expires_at:type_name -> google.protobuf.Timestamp
 	0,  // 19: idemd.v1.FailRequest.disposition:type_name -> idemd.v1.Disposition
-	30, // 20: idemd.v1.ExtendLeaseRequest.lease:type_name -> google.protobuf.Duration
-	31, // 21: idemd.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	37, // 20: idemd.v1.ExtendLeaseRequest.lease:type_name -> google.protobuf.Duration
+	38, // 21: idemd.v1.ExtendLeaseResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 22: idemd.v1.Record.state:type_name -> idemd.v1.State
-	31, // 23: idemd.v1.Record.created_at:type_name -> google.protobuf.Timestamp
-	31, // 24: idemd.v1.Record.lease_expires_at:type_name -> google.protobuf.Timestamp
-	31, // 25: idemd.v1.Record.completed_at:type_name -> google.protobuf.Timestamp
-	31, // 26: idemd.v1.Record.expires_at:type_name -> google.protobuf.Timestamp
+	38, // 23: idemd.v1.Record.created_at:type_name -> google.protobuf.Timestamp
+	38, // 24: idemd.v1.Record.lease_expires_at:type_name -> google.protobuf.Timestamp
+	38, // 25: idemd.v1.Record.completed_at:type_name -> google.protobuf.Timestamp
+	38, // 26: idemd.v1.Record.expires_at:type_name -> google.protobuf.Timestamp
 	10, // 27: idemd.v1.Record.response:type_name -> idemd.v1.StoredResponse
 	18, // 28: idemd.v1.LookupResponse.record:type_name -> idemd.v1.Record
-	30, // 29: idemd.v1.ListPendingRequest.older_than:type_name -> google.protobuf.Duration
+	37, // 29: idemd.v1.ListPendingRequest.older_than:type_name -> google.protobuf.Duration
 	18, // 30: idemd.v1.ListPendingResponse.records:type_name -> idemd.v1.Record
 	10, // 31: idemd.v1.ReconcileRequest.committed:type_name -> idemd.v1.StoredResponse
 	24, // 32: idemd.v1.ReconcileRequest.released:type_name -> idemd.v1.Released
 	25, // 33: idemd.v1.ReconcileRequest.takeover:type_name -> idemd.v1.Takeover
-	30, // 34: idemd.v1.Takeover.lease:type_name -> google.protobuf.Duration
+	37, // 34: idemd.v1.Takeover.lease:type_name -> google.protobuf.Duration
 	18, // 35: idemd.v1.ReconcileResponse.record:type_name -> idemd.v1.Record
 	5,  // 36: idemd.v1.ReconcileResponse.takeover:type_name -> idemd.v1.Claimed
-	31, // 37: idemd.v1.ListAuditEventsRequest.since:type_name -> google.protobuf.Timestamp
-	31, // 38: idemd.v1.AuditEvent.at:type_name -> google.protobuf.Timestamp
-	30, // 39: idemd.v1.AuditEvent.latency:type_name -> google.protobuf.Duration
+	38, // 37: idemd.v1.ListAuditEventsRequest.since:type_name -> google.protobuf.Timestamp
+	38, // 38: idemd.v1.AuditEvent.at:type_name -> google.protobuf.Timestamp
+	37, // 39: idemd.v1.AuditEvent.latency:type_name -> google.protobuf.Duration
 	28, // 40: idemd.v1.ListAuditEventsResponse.events:type_name -> idemd.v1.AuditEvent
-	3,  // 41: idemd.v1.Idempotency.Claim:input_type -> idemd.v1.ClaimRequest
-	12, // 42: idemd.v1.Idempotency.Complete:input_type -> idemd.v1.CompleteRequest
-	14, // 43: idemd.v1.Idempotency.Fail:input_type -> idemd.v1.FailRequest
-	16, // 44: idemd.v1.Idempotency.ExtendLease:input_type -> idemd.v1.ExtendLeaseRequest
-	19, // 45: idemd.v1.Idempotency.Lookup:input_type -> idemd.v1.LookupRequest
-	21, // 46: idemd.v1.Idempotency.ListPending:input_type -> idemd.v1.ListPendingRequest
-	23, // 47: idemd.v1.Idempotency.Reconcile:input_type -> idemd.v1.ReconcileRequest
-	27, // 48: idemd.v1.Audit.ListAuditEvents:input_type -> idemd.v1.ListAuditEventsRequest
-	4,  // 49: idemd.v1.Idempotency.Claim:output_type -> idemd.v1.ClaimResponse
-	13, // 50: idemd.v1.Idempotency.Complete:output_type -> idemd.v1.CompleteResponse
-	15, // 51: idemd.v1.Idempotency.Fail:output_type -> idemd.v1.FailResponse
-	17, // 52: idemd.v1.Idempotency.ExtendLease:output_type -> idemd.v1.ExtendLeaseResponse
-	20, // 53: idemd.v1.Idempotency.Lookup:output_type -> idemd.v1.LookupResponse
-	22, // 54: idemd.v1.Idempotency.ListPending:output_type -> idemd.v1.ListPendingResponse
-	26, // 55: idemd.v1.Idempotency.Reconcile:output_type -> idemd.v1.ReconcileResponse
-	29, // 56: idemd.v1.Audit.ListAuditEvents:output_type -> idemd.v1.ListAuditEventsResponse
-	49, // [49:57] is the sub-list for method output_type
-	41, // [41:49] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	3,  // 41: idemd.v1.ClaimBatchRequest.claims:type_name -> idemd.v1.ClaimRequest
+	32, // 42: idemd.v1.ClaimBatchResponse.results:type_name -> idemd.v1.ClaimBatchResult
+	4,  // 43: idemd.v1.ClaimBatchResult.response:type_name -> idemd.v1.ClaimResponse
+	36, // 44: idemd.v1.ClaimBatchResult.error:type_name -> idemd.v1.ItemError
+	12, // 45: idemd.v1.CompleteBatchRequest.completions:type_name -> idemd.v1.CompleteRequest
+	35, // 46: idemd.v1.CompleteBatchResponse.results:type_name -> idemd.v1.CompleteBatchResult
+	13, // 47: idemd.v1.CompleteBatchResult.response:type_name -> idemd.v1.CompleteResponse
+	36, // 48: idemd.v1.CompleteBatchResult.error:type_name -> idemd.v1.ItemError
+	3,  // 49: idemd.v1.Idempotency.Claim:input_type -> idemd.v1.ClaimRequest
+	12, // 50: idemd.v1.Idempotency.Complete:input_type -> idemd.v1.CompleteRequest
+	14, // 51: idemd.v1.Idempotency.Fail:input_type -> idemd.v1.FailRequest
+	16, // 52: idemd.v1.Idempotency.ExtendLease:input_type -> idemd.v1.ExtendLeaseRequest
+	19, // 53: idemd.v1.Idempotency.Lookup:input_type -> idemd.v1.LookupRequest
+	21, // 54: idemd.v1.Idempotency.ListPending:input_type -> idemd.v1.ListPendingRequest
+	23, // 55: idemd.v1.Idempotency.Reconcile:input_type -> idemd.v1.ReconcileRequest
+	30, // 56: idemd.v1.Idempotency.ClaimBatch:input_type -> idemd.v1.ClaimBatchRequest
+	33, // 57: idemd.v1.Idempotency.CompleteBatch:input_type -> idemd.v1.CompleteBatchRequest
+	27, // 58: idemd.v1.Audit.ListAuditEvents:input_type -> idemd.v1.ListAuditEventsRequest
+	4,  // 59: idemd.v1.Idempotency.Claim:output_type -> idemd.v1.ClaimResponse
+	13, // 60: idemd.v1.Idempotency.Complete:output_type -> idemd.v1.CompleteResponse
+	15, // 61: idemd.v1.Idempotency.Fail:output_type -> idemd.v1.FailResponse
+	17, // 62: idemd.v1.Idempotency.ExtendLease:output_type -> idemd.v1.ExtendLeaseResponse
+	20, // 63: idemd.v1.Idempotency.Lookup:output_type -> idemd.v1.LookupResponse
+	22, // 64: idemd.v1.Idempotency.ListPending:output_type -> idemd.v1.ListPendingResponse
+	26, // 65: idemd.v1.Idempotency.Reconcile:output_type -> idemd.v1.ReconcileResponse
+	31, // 66: idemd.v1.Idempotency.ClaimBatch:output_type -> idemd.v1.ClaimBatchResponse
+	34, // 67: idemd.v1.Idempotency.CompleteBatch:output_type -> idemd.v1.CompleteBatchResponse
+	29, // 68: idemd.v1.Audit.ListAuditEvents:output_type -> idemd.v1.ListAuditEventsResponse
+	59, // [59:69] is the sub-list for method output_type
+	49, // [49:59] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_idemd_v1_idempotency_proto_init() }
@@ -2499,13 +2985,21 @@ func file_idemd_v1_idempotency_proto_init() {
 		(*ReconcileRequest_Failed)(nil),
 		(*ReconcileRequest_Takeover)(nil),
 	}
+	file_idemd_v1_idempotency_proto_msgTypes[30].OneofWrappers = []any{
+		(*ClaimBatchResult_Response)(nil),
+		(*ClaimBatchResult_Error)(nil),
+	}
+	file_idemd_v1_idempotency_proto_msgTypes[33].OneofWrappers = []any{
+		(*CompleteBatchResult_Response)(nil),
+		(*CompleteBatchResult_Error)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idemd_v1_idempotency_proto_rawDesc), len(file_idemd_v1_idempotency_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   28,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

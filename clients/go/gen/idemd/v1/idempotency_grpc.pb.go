@@ -31,13 +31,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Idempotency_Claim_FullMethodName       = "/idemd.v1.Idempotency/Claim"
-	Idempotency_Complete_FullMethodName    = "/idemd.v1.Idempotency/Complete"
-	Idempotency_Fail_FullMethodName        = "/idemd.v1.Idempotency/Fail"
-	Idempotency_ExtendLease_FullMethodName = "/idemd.v1.Idempotency/ExtendLease"
-	Idempotency_Lookup_FullMethodName      = "/idemd.v1.Idempotency/Lookup"
-	Idempotency_ListPending_FullMethodName = "/idemd.v1.Idempotency/ListPending"
-	Idempotency_Reconcile_FullMethodName   = "/idemd.v1.Idempotency/Reconcile"
+	Idempotency_Claim_FullMethodName         = "/idemd.v1.Idempotency/Claim"
+	Idempotency_Complete_FullMethodName      = "/idemd.v1.Idempotency/Complete"
+	Idempotency_Fail_FullMethodName          = "/idemd.v1.Idempotency/Fail"
+	Idempotency_ExtendLease_FullMethodName   = "/idemd.v1.Idempotency/ExtendLease"
+	Idempotency_Lookup_FullMethodName        = "/idemd.v1.Idempotency/Lookup"
+	Idempotency_ListPending_FullMethodName   = "/idemd.v1.Idempotency/ListPending"
+	Idempotency_Reconcile_FullMethodName     = "/idemd.v1.Idempotency/Reconcile"
+	Idempotency_ClaimBatch_FullMethodName    = "/idemd.v1.Idempotency/ClaimBatch"
+	Idempotency_CompleteBatch_FullMethodName = "/idemd.v1.Idempotency/CompleteBatch"
 )
 
 // IdempotencyClient is the client API for Idempotency service.
@@ -77,6 +79,17 @@ type IdempotencyClient interface {
 	// Decides a pending record (after checking the business system or the
 	// payment provider): committed, released, failed, or taken over.
 	Reconcile(ctx context.Context, in *ReconcileRequest, opts ...grpc.CallOption) (*ReconcileResponse, error)
+	// Claim for many keys of one endpoint in one call: each item is answered
+	// exactly as Claim would answer it alone (its outcome, or its own error), in
+	// the request's order. The items run concurrently on the server, so the
+	// embedded store commits them with one fsync and CQL runs their
+	// transactions side by side. For consumers that take a poll of messages at
+	// once. Servers before this RPC answer UNIMPLEMENTED; the SDKs then send
+	// single Claims.
+	ClaimBatch(ctx context.Context, in *ClaimBatchRequest, opts ...grpc.CallOption) (*ClaimBatchResponse, error)
+	// Complete for many claimed keys of one endpoint in one call; each item is
+	// answered as Complete would answer it alone, in order.
+	CompleteBatch(ctx context.Context, in *CompleteBatchRequest, opts ...grpc.CallOption) (*CompleteBatchResponse, error)
 }
 
 type idempotencyClient struct {
@@ -157,6 +170,26 @@ func (c *idempotencyClient) Reconcile(ctx context.Context, in *ReconcileRequest,
 	return out, nil
 }
 
+func (c *idempotencyClient) ClaimBatch(ctx context.Context, in *ClaimBatchRequest, opts ...grpc.CallOption) (*ClaimBatchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClaimBatchResponse)
+	err := c.cc.Invoke(ctx, Idempotency_ClaimBatch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *idempotencyClient) CompleteBatch(ctx context.Context, in *CompleteBatchRequest, opts ...grpc.CallOption) (*CompleteBatchResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CompleteBatchResponse)
+	err := c.cc.Invoke(ctx, Idempotency_CompleteBatch_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // IdempotencyServer is the server API for Idempotency service.
 // All implementations must embed UnimplementedIdempotencyServer
 // for forward compatibility.
@@ -194,6 +227,17 @@ type IdempotencyServer interface {
 	// Decides a pending record (after checking the business system or the
 	// payment provider): committed, released, failed, or taken over.
 	Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error)
+	// Claim for many keys of one endpoint in one call: each item is answered
+	// exactly as Claim would answer it alone (its outcome, or its own error), in
+	// the request's order. The items run concurrently on the server, so the
+	// embedded store commits them with one fsync and CQL runs their
+	// transactions side by side. For consumers that take a poll of messages at
+	// once. Servers before this RPC answer UNIMPLEMENTED; the SDKs then send
+	// single Claims.
+	ClaimBatch(context.Context, *ClaimBatchRequest) (*ClaimBatchResponse, error)
+	// Complete for many claimed keys of one endpoint in one call; each item is
+	// answered as Complete would answer it alone, in order.
+	CompleteBatch(context.Context, *CompleteBatchRequest) (*CompleteBatchResponse, error)
 	mustEmbedUnimplementedIdempotencyServer()
 }
 
@@ -224,6 +268,12 @@ func (UnimplementedIdempotencyServer) ListPending(context.Context, *ListPendingR
 }
 func (UnimplementedIdempotencyServer) Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Reconcile not implemented")
+}
+func (UnimplementedIdempotencyServer) ClaimBatch(context.Context, *ClaimBatchRequest) (*ClaimBatchResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ClaimBatch not implemented")
+}
+func (UnimplementedIdempotencyServer) CompleteBatch(context.Context, *CompleteBatchRequest) (*CompleteBatchResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CompleteBatch not implemented")
 }
 func (UnimplementedIdempotencyServer) mustEmbedUnimplementedIdempotencyServer() {}
 func (UnimplementedIdempotencyServer) testEmbeddedByValue()                     {}
@@ -372,6 +422,42 @@ func _Idempotency_Reconcile_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Idempotency_ClaimBatch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClaimBatchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IdempotencyServer).ClaimBatch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Idempotency_ClaimBatch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IdempotencyServer).ClaimBatch(ctx, req.(*ClaimBatchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Idempotency_CompleteBatch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CompleteBatchRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(IdempotencyServer).CompleteBatch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Idempotency_CompleteBatch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(IdempotencyServer).CompleteBatch(ctx, req.(*CompleteBatchRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Idempotency_ServiceDesc is the grpc.ServiceDesc for Idempotency service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -406,6 +492,14 @@ var Idempotency_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Reconcile",
 			Handler:    _Idempotency_Reconcile_Handler,
+		},
+		{
+			MethodName: "ClaimBatch",
+			Handler:    _Idempotency_ClaimBatch_Handler,
+		},
+		{
+			MethodName: "CompleteBatch",
+			Handler:    _Idempotency_CompleteBatch_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
