@@ -98,6 +98,9 @@ if ! diff -r -q "$fresh/gen" "$here/gen" >/dev/null 2>&1; then
 fi
 echo "== go vet"
 go vet ./...
+# The previous release (no ClaimBatch): ProcessBatch's fallback test runs
+# against it (built once per pinned commit and cached by the script).
+export IDEMD_PREVIOUS_BIN="${IDEMD_PREVIOUS_BIN:-$("$root/scripts/previous-release.sh")}"
 echo "== go test (idemd: $IDEMD_BIN, certificates: ${IDEMD_TEST_CERTS:-unset})"
 # -count=1: results depend on the idemd binary, so never reuse cached ones.
 go test -count=1 ${GO_TEST_FLAGS:-} -skip '^(TestReplayLatency|TestMiddlewareLatency|TestProxyMatrix)$' ./...

@@ -14,6 +14,8 @@
 //! once for the whole batch, and the RPC's span and metrics name one
 //! endpoint. A consumer claims under one endpoint anyway.
 
+use std::future::Future;
+
 use tonic::Status;
 
 use crate::engine::validate;
@@ -88,4 +90,31 @@ pub fn item_error(status: Status) -> pb::ItemError {
         message: status.message().to_owned(),
         status_details: status.details().to_vec(),
     }
+}
+
+/// Runs each item's future on its own task (the RPC's trace context
+/// carried along) and returns their results in the items' order. An item
+/// whose task panicked is that item's INTERNAL; the others are unaffected.
+pub async fn run_items<R, F>(items: impl Iterator<Item = F>) -> Vec<Result<R, Status>>
+where
+    R: Send + 'static,
+    F: Future<Output = Result<R, Status>> + Send + 'static,
+{
+    let context = opentelemetry::Context::current();
+    let tasks: Vec<_> = items
+        .map(|item| {
+            tokio::spawn(opentelemetry::context::FutureExt::with_context(
+                item,
+                context.clone(),
+            ))
+        })
+        .collect();
+    let mut results = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        results.push(
+            task.await
+                .unwrap_or_else(|error| Err(status::item_panicked(&error))),
+        );
+    }
+    results
 }

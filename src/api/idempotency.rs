@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use futures::future::join_all;
 use tonic::{Request, Response, Status};
 
 use crate::auth::{Action, Authenticator};
@@ -398,17 +397,22 @@ impl pb::idempotency_server::Idempotency for IdempotencyService {
         let tenant = self.tenant(&request, Action::Execute)?;
         let batch = request.into_inner();
         batch::check(&batch.endpoint, "claims", batch.claims.len())?;
-        // Concurrently, so the store sees them together (one group commit on
-        // the embedded store, parallel LWTs on CQL); join_all keeps the order.
-        let results = join_all(batch.claims.into_iter().enumerate().map(|(index, claim)| {
-            let tenant = &tenant;
-            let endpoint = &batch.endpoint;
-            async move {
-                let claim = batch::with_endpoint("claims", index, endpoint, claim)?;
-                self.claim_item(tenant, claim).await
-            }
-        }))
-        .await;
+        // Each item on its own task, so the store sees them together (one
+        // group commit on the embedded store, parallel LWTs on CQL) and
+        // their CPU spreads over the runtime's threads; the order is kept.
+        let service = Arc::new(self.clone());
+        let tenant: Arc<str> = tenant.into();
+        let endpoint: Arc<str> = batch.endpoint.into();
+        let results =
+            batch::run_items(batch.claims.into_iter().enumerate().map(|(index, claim)| {
+                let (service, tenant, endpoint) =
+                    (service.clone(), tenant.clone(), endpoint.clone());
+                async move {
+                    let claim = batch::with_endpoint("claims", index, &endpoint, claim)?;
+                    service.claim_item(&tenant, claim).await
+                }
+            }))
+            .await;
         Ok(Response::new(pb::ClaimBatchResponse {
             results: results
                 .into_iter()
@@ -431,14 +435,17 @@ impl pb::idempotency_server::Idempotency for IdempotencyService {
         let tenant = self.tenant(&request, Action::Execute)?;
         let batch = request.into_inner();
         batch::check(&batch.endpoint, "completions", batch.completions.len())?;
-        let results = join_all(batch.completions.into_iter().enumerate().map(
+        let service = Arc::new(self.clone());
+        let tenant: Arc<str> = tenant.into();
+        let endpoint: Arc<str> = batch.endpoint.into();
+        let results = batch::run_items(batch.completions.into_iter().enumerate().map(
             |(index, completion)| {
-                let tenant = &tenant;
-                let endpoint = &batch.endpoint;
+                let (service, tenant, endpoint) =
+                    (service.clone(), tenant.clone(), endpoint.clone());
                 async move {
                     let completion =
-                        batch::with_endpoint("completions", index, endpoint, completion)?;
-                    self.complete_item(tenant, completion).await
+                        batch::with_endpoint("completions", index, &endpoint, completion)?;
+                    service.complete_item(&tenant, completion).await
                 }
             },
         ))

@@ -158,3 +158,10 @@ pub fn auth_status(error: AuthError) -> Status {
 pub fn invalid_field(field: &str, description: &str) -> Status {
     bad_request(Code::InvalidArgument, field, description)
 }
+
+/// A batch item whose task panicked: INTERNAL for that item alone.
+pub fn item_panicked(error: &tokio::task::JoinError) -> Status {
+    Status::internal(format!(
+        "idemd failed on this item ({error}); nothing is known to be applied or not, so treat it as uncertain"
+    ))
+}

@@ -56,6 +56,8 @@ type config struct {
 	killInHandlerAfter    int
 	killAfter             int
 	noHelper              bool
+	mode                  string
+	parallelism           int
 }
 
 func main() {
@@ -74,7 +76,16 @@ func main() {
 	flag.IntVar(&cfg.killInHandlerAfter, "kill-in-handler-after", 0, "SIGKILL itself in the handler, after the side effect of message N")
 	flag.IntVar(&cfg.killAfter, "kill-after", 0, "SIGKILL itself after the helper reports message N done, before committing it")
 	flag.BoolVar(&cfg.noHelper, "no-helper", false, "negative control: run the handler on every delivery, no idemd")
+	flag.StringVar(&cfg.mode, "mode", "sequential", "sequential (ProcessMessage, one message in hand), pipelined "+
+		"(ProcessBatch, each partition in offset order, partitions side by side) or parallel (ProcessBatch, keys side by side)")
+	flag.IntVar(&cfg.parallelism, "parallelism", 0, "handlers at once in the pipelined and parallel modes (default idemd.DefaultParallelism)")
 	flag.Parse()
+	switch cfg.mode {
+	case "sequential", "pipelined", "parallel":
+	default:
+		fmt.Fprintln(os.Stderr, "kafka-consumer: -mode is sequential, pipelined or parallel")
+		os.Exit(2)
+	}
 	if cfg.topic == "" || cfg.group == "" || cfg.ledger == "" || cfg.deadLetters == "" {
 		fmt.Fprintln(os.Stderr, "kafka-consumer: -topic, -group, -ledger and -dead-letters are required")
 		os.Exit(2)
@@ -167,6 +178,9 @@ func run(cfg config) error {
 		return dead.line(line)
 	}
 
+	// processBatch: the pipelined and parallel modes' whole-poll helper;
+	// nil in sequential mode and without the helper.
+	var processBatch func(context.Context, []idemd.Message) []idemd.Outcome
 	process := func(ctx context.Context, msg idemd.Message) idemd.Outcome {
 		if err := handle(ctx, msg, idemd.Execution{}); err != nil {
 			if dlErr := deadLetter(ctx, msg, err.Error()); dlErr != nil {
@@ -189,6 +203,15 @@ func run(cfg config) error {
 		}
 		process = func(ctx context.Context, msg idemd.Message) idemd.Outcome {
 			return consumer.ProcessMessage(ctx, msg, handle)
+		}
+		if cfg.mode != "sequential" {
+			opts := idemd.BatchOptions{Ordering: idemd.PerKey, Parallelism: cfg.parallelism}
+			if cfg.mode == "pipelined" {
+				opts.Ordering = idemd.PerPartition
+			}
+			processBatch = func(ctx context.Context, msgs []idemd.Message) []idemd.Outcome {
+				return consumer.ProcessBatch(ctx, msgs, handle, opts)
+			}
 		}
 	}
 
@@ -225,20 +248,22 @@ func run(cfg config) error {
 				fmt.Fprintf(os.Stderr, "kafka-consumer: fetch %s/%d: %v\n", topic, partition, err)
 			}
 		})
-		// One record at a time, partition after partition: a process killed
-		// in a handler has exactly one message in hand, whose outcome is then
-		// unknown (the scenarios count on that).
 		var done []*kgo.Record
+		if processBatch != nil {
+			done = processPoll(stop, processBatch, fetches.Records(), counts, cfg.killAfter)
+		}
+		// Sequential: one record at a time, partition after partition: a
+		// process killed in a handler has exactly one message in hand, whose
+		// outcome is then unknown (the scenarios count on that).
 		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+			if processBatch != nil {
+				return
+			}
 			for _, r := range p.Records {
 				if stop.Err() != nil {
 					return // the rest stays uncommitted, for the next owner
 				}
-				msg := idemd.Message{Value: r.Value, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}
-				for _, h := range r.Headers {
-					msg.Headers = append(msg.Headers, idemd.MessageHeader{Key: h.Key, Value: h.Value})
-				}
-				if !processUntilDecided(stop, process, msg, counts) {
+				if !processUntilDecided(stop, process, message(r), counts) {
 					return // shutting down with r undecided: nothing after it either
 				}
 				if number(r.Value) == cfg.killAfter {
@@ -260,6 +285,79 @@ func run(cfg config) error {
 		kafka.AllowRebalance()
 	}
 	return nil
+}
+
+func message(r *kgo.Record) idemd.Message {
+	msg := idemd.Message{Value: r.Value, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}
+	for _, h := range r.Headers {
+		msg.Headers = append(msg.Headers, idemd.MessageHeader{Key: h.Key, Value: h.Value})
+	}
+	return msg
+}
+
+// processPoll hands the whole poll to ProcessBatch, then the messages it
+// says to retry again (after a pause) until each is decided or shutdown
+// comes; returns the records that may be committed: per partition, those
+// before its first undecided one. killAfter: SIGKILL once that message is
+// reported done, before any commit.
+func processPoll(stop context.Context, processBatch func(context.Context, []idemd.Message) []idemd.Outcome,
+	records []*kgo.Record, counts *tally, killAfter int) []*kgo.Record {
+	if len(records) == 0 {
+		return nil
+	}
+	counts.begin()
+	undecided := make([]int, len(records))
+	for i := range records {
+		undecided[i] = i
+	}
+	decided := make([]bool, len(records))
+	pause := 100 * time.Millisecond
+	for len(undecided) > 0 {
+		msgs := make([]idemd.Message, len(undecided))
+		for n, i := range undecided {
+			msgs[n] = message(records[i])
+		}
+		// Not stop: a poll begun is finished on SIGTERM (retries aside).
+		outs := processBatch(context.Background(), msgs)
+		var again []int
+		reason := ""
+		for n, i := range undecided {
+			counts.add(outs[n], msgs[n])
+			if !outs[n].MayCommit() {
+				if reason == "" {
+					reason = outs[n].Reason
+				}
+				again = append(again, i)
+				continue
+			}
+			decided[i] = true
+			if number(records[i].Value) == killAfter {
+				killSelf()
+			}
+		}
+		undecided = again
+		if len(undecided) == 0 {
+			break
+		}
+		fmt.Fprintf(os.Stderr, "kafka-consumer: retrying %d messages: %s\n", len(undecided), reason)
+		select {
+		case <-stop.Done():
+			undecided = nil
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 2*time.Second)
+	}
+	var done []*kgo.Record
+	blocked := map[int32]bool{}
+	for i, r := range records {
+		if !decided[i] {
+			blocked[r.Partition] = true
+		}
+		if !blocked[r.Partition] {
+			done = append(done, r)
+		}
+	}
+	return done
 }
 
 // processUntilDecided retries msg in place while the helper says Retry, so

@@ -46,6 +46,10 @@ type scenarioSettings struct {
 	KeyHeader  string `json:"key_header"`
 	Lease      string `json:"lease"`
 	HandlerMS  *int   `json:"handler_ms"`
+	// Mode is the consumer program's -mode (sequential when empty), and
+	// Parallelism its -parallelism (the helper's default when 0).
+	Mode        string `json:"-"`
+	Parallelism int    `json:"-"`
 }
 
 type scenario struct {
@@ -494,6 +498,12 @@ func (e *env) start(c consumerEntry, set scenarioSettings, topic, group, ledger,
 	}
 	if noHelper {
 		args = append(args, "-no-helper")
+	}
+	if set.Mode != "" {
+		args = append(args, "-mode", set.Mode)
+	}
+	if set.Parallelism > 0 {
+		args = append(args, "-parallelism", strconv.Itoa(set.Parallelism))
 	}
 	p := &consumerProc{cmd: exec.Command(e.exe, args...), exited: make(chan struct{})}
 	p.cmd.Env = append(os.Environ(), "IDEMD_TOKEN="+e.token)

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -14,8 +15,10 @@ import (
 // TestConsumerThroughput is the throughput bench (clients/go/bench/consumer.sh
 // runs it; it is skipped unless IDEMD_CONSUMER_BENCH is set): one consumer
 // program, 4 partitions, 10,000 messages with distinct keys, handler 0 ms,
-// the client's default fetch, with the helper and without it (no-helper
-// mode), IDEMD_CONSUMER_BENCH_RUNS runs of each (default 3), in turn. It
+// the client's default fetch, without the helper (no-helper mode) and with
+// it in each mode (IDEMD_CONSUMER_BENCH_MODES, default "parallel pipelined
+// sequential"), IDEMD_CONSUMER_BENCH_RUNS runs of each (default 3), in turn;
+// IDEMD_CONSUMER_BENCH_PARALLELISM sets the program's -parallelism. It
 // prints messages/s over span_ms, the consumer's first-message-in to
 // last-message-out (group join and idle polls left out), and over the wall
 // time from the consumer's start to the group's commits reaching the end.
@@ -29,17 +32,17 @@ func TestConsumerThroughput(t *testing.T) {
 	}
 	const messages, partitions = 10000, 4
 	e := scenarioEnv(t)
+	modes := strings.Fields(os.Getenv("IDEMD_CONSUMER_BENCH_MODES"))
+	if len(modes) == 0 {
+		modes = []string{"parallel", "pipelined", "sequential"}
+	}
 	for run := 1; run <= runs; run++ {
-		for _, noHelper := range []bool{false, true} {
-			span, wall, err := e.throughputRun(t, messages, partitions, noHelper)
+		for _, mode := range append([]string{"no-helper"}, modes...) {
+			span, wall, err := e.throughputRun(t, messages, partitions, mode)
 			if err != nil {
 				t.Fatal(err)
 			}
-			mode := "helper"
-			if noHelper {
-				mode = "no helper"
-			}
-			fmt.Printf("run %d, %-9s: %6.0f msg/s (span %v), %6.0f msg/s wall (%v)\n", run, mode,
+			fmt.Printf("run %d, %-10s: %6.0f msg/s (span %v), %6.0f msg/s wall (%v)\n", run, mode,
 				float64(messages)/span.Seconds(), span, float64(messages)/wall.Seconds(), wall.Round(time.Millisecond))
 		}
 	}
@@ -47,7 +50,8 @@ func TestConsumerThroughput(t *testing.T) {
 
 var spanMS = regexp.MustCompile(`summary executed=(\d+) .*span_ms=(\d+)`)
 
-func (e *env) throughputRun(t *testing.T, messages, partitions int, noHelper bool) (span, wall time.Duration, err error) {
+// throughputRun is one run in mode: "no-helper", or the program's -mode.
+func (e *env) throughputRun(t *testing.T, messages, partitions int, mode string) (span, wall time.Duration, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	prefix := randomHex(t)
@@ -62,6 +66,11 @@ func (e *env) throughputRun(t *testing.T, messages, partitions int, noHelper boo
 	var s scenario
 	s.Produce.Messages = messages
 	set := scenarioSettings{Partitions: partitions, KeyHeader: "idempotency-key", Lease: "10s", HandlerMS: new(int)}
+	noHelper := mode == "no-helper"
+	if !noHelper {
+		set.Mode = mode
+		set.Parallelism, _ = strconv.Atoi(os.Getenv("IDEMD_CONSUMER_BENCH_PARALLELISM"))
+	}
 	if err := e.produce(ctx, s, set, topic, prefix); err != nil {
 		return 0, 0, err
 	}
