@@ -53,6 +53,7 @@ type config struct {
 	lease                 time.Duration
 	handlerMS             int
 	ledger, deadLetters   string
+	started               string
 	killInHandlerAfter    int
 	killAfter             int
 	noHelper              bool
@@ -61,6 +62,10 @@ type config struct {
 }
 
 func main() {
+	// First of all: a SIGTERM that arrives while the program starts (a
+	// scenario may stop a consumer it just launched) must mean "finish and
+	// leave", not the default exit.
+	stop, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	var cfg config
 	flag.StringVar(&cfg.brokers, "brokers", "127.0.0.1:9092", "Kafka bootstrap brokers, comma-separated")
 	flag.StringVar(&cfg.topic, "topic", "", "topic to consume")
@@ -73,6 +78,7 @@ func main() {
 	flag.IntVar(&cfg.handlerMS, "handler-ms", 0, "the handler sleeps this long before its side effect")
 	flag.StringVar(&cfg.ledger, "ledger", "", "the side effect: append the message number to this file")
 	flag.StringVar(&cfg.deadLetters, "dead-letters", "", "the dead-letter hook appends a JSON line to this file")
+	flag.StringVar(&cfg.started, "started", "", "the handler appends the message number to this file when it starts (optional)")
 	flag.IntVar(&cfg.killInHandlerAfter, "kill-in-handler-after", 0, "SIGKILL itself in the handler, after the side effect of message N")
 	flag.IntVar(&cfg.killAfter, "kill-after", 0, "SIGKILL itself after the helper reports message N done, before committing it")
 	flag.BoolVar(&cfg.noHelper, "no-helper", false, "negative control: run the handler on every delivery, no idemd")
@@ -93,7 +99,16 @@ func main() {
 	if cfg.endpoint == "" {
 		cfg.endpoint = "kafka:" + cfg.topic
 	}
-	if err := run(cfg); err != nil {
+	// Once stopping, further signals are ignored: the shutdown (the last
+	// commit, leaving the group, the summary) must finish, and stop's
+	// cancel would otherwise restore the default action mid-way.
+	go func() {
+		<-stop.Done()
+		signal.Ignore(syscall.SIGTERM, syscall.SIGINT)
+	}()
+	err := run(stop, cfg)
+	cancel()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "kafka-consumer:", err)
 		os.Exit(1)
 	}
@@ -136,7 +151,7 @@ func (a *appender) line(b []byte) error {
 
 func killSelf() { _ = syscall.Kill(os.Getpid(), syscall.SIGKILL) }
 
-func run(cfg config) error {
+func run(stop context.Context, cfg config) error {
 	ledger, err := openAppender(cfg.ledger)
 	if err != nil {
 		return err
@@ -146,12 +161,23 @@ func run(cfg config) error {
 		return err
 	}
 
+	var started *appender
+	if cfg.started != "" {
+		if started, err = openAppender(cfg.started); err != nil {
+			return err
+		}
+	}
 	// The handler: poison raises before any side effect; otherwise sleep,
 	// then the side effect.
 	handle := func(ctx context.Context, msg idemd.Message, _ idemd.Execution) error {
 		var p payload
 		if err := json.Unmarshal(msg.Value, &p); err != nil {
 			return fmt.Errorf("undecodable message: %w", err)
+		}
+		if started != nil {
+			if err := started.line(fmt.Appendf(nil, "%d", p.N)); err != nil {
+				return err
+			}
 		}
 		if p.Poison {
 			return fmt.Errorf("poison message %d", p.N)
@@ -233,8 +259,6 @@ func run(cfg config) error {
 	// Close leaves the group; with auto-commit off it commits nothing.
 	defer kafka.Close()
 
-	stop, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer cancel()
 	counts := &tally{}
 	defer counts.print()
 

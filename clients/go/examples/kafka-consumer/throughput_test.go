@@ -77,7 +77,7 @@ func (e *env) throughputRun(t *testing.T, messages, partitions int, mode string)
 	dir := t.TempDir()
 	started := time.Now()
 	p, err := e.start(consumerEntry{Name: "bench"}, set, topic, "group-"+topic,
-		filepath.Join(dir, "ledger"), filepath.Join(dir, "dead-letters"), noHelper)
+		filepath.Join(dir, "ledger"), filepath.Join(dir, "dead-letters"), noHelper, "")
 	if err != nil {
 		return 0, 0, err
 	}
