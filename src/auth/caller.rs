@@ -51,7 +51,7 @@ impl Role {
 /// What an RPC does, for authorization.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
-    /// Claim, Complete, Fail, ExtendLease, Lookup.
+    /// Claim, Complete, Fail, ExtendLease, Lookup, ClaimBatch, CompleteBatch.
     Execute,
     /// ListPending, Reconcile.
     Reconcile,
