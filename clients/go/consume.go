@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc/status"
 
@@ -156,7 +157,8 @@ type Consumer struct {
 // NewConsumer makes the helper for one endpoint (e.g. "kafka:payments"; a
 // key is unique per endpoint). key is KeyFromHeader(name) or
 // KeyFromPosition; deadLetter is required. opts are ExecuteOnce's: WithLease
-// (the handler's lease, extended while it runs), WithMaxWait (how long a
+// (the handler's lease, extended while it runs; default
+// DefaultConsumerLease), WithMaxWait (how long a
 // duplicate waits for a consumer still running it before Retry, default
 // DefaultMaxWait), WithTTL (the dedup window: longer than the topic's
 // retention, or a replay from the start of the topic runs again),
@@ -173,8 +175,18 @@ func NewConsumer(client *Client, endpoint string, key KeyFunc, deadLetter DeadLe
 	case deadLetter == nil:
 		return nil, errors.New("idemd: NewConsumer: nil dead-letter hook")
 	}
+	// The default lease first, so that a WithLease among opts wins.
+	opts = append([]ExecuteOption{WithLease(DefaultConsumerLease)}, opts...)
 	return &Consumer{client: client, endpoint: endpoint, key: key, deadLetter: deadLetter, opts: opts}, nil
 }
+
+// DefaultConsumerLease is the lease a Consumer asks for unless WithLease
+// says otherwise. The helper extends it at half its length while the
+// handler runs, so a slow handler keeps its key; what the short lease buys
+// is the stall after a consumer dies inside a handler: the message's next
+// delivery waits at most this long (not the endpoint policy's default,
+// often 30 s) before it is dead-lettered as outcome unknown.
+const DefaultConsumerLease = 5 * time.Second
 
 // errTakenOver is the recorded reason when a claim comes back with attempt
 // > 1: an earlier consumer's lease expired mid-handler, so its side effect

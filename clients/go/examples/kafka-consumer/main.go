@@ -74,7 +74,7 @@ func main() {
 	flag.BoolVar(&cfg.insecure, "insecure", false, "plaintext to idemd (local development only)")
 	flag.StringVar(&cfg.endpoint, "endpoint", "", "idemd endpoint of the keys (default kafka:<topic>)")
 	flag.StringVar(&cfg.keyHeader, "key-header", "idempotency-key", "header holding each message's idempotency key")
-	flag.DurationVar(&cfg.lease, "lease", 10*time.Second, "lease asked of idemd per claim (extended while the handler runs)")
+	flag.DurationVar(&cfg.lease, "lease", idemd.DefaultConsumerLease, "lease asked of idemd per claim (extended while the handler runs)")
 	flag.IntVar(&cfg.handlerMS, "handler-ms", 0, "the handler sleeps this long before its side effect")
 	flag.StringVar(&cfg.ledger, "ledger", "", "the side effect: append the message number to this file")
 	flag.StringVar(&cfg.deadLetters, "dead-letters", "", "the dead-letter hook appends a JSON line to this file")

@@ -170,6 +170,7 @@ func playAll(t *testing.T, env *env, file consumerFile, mode string) {
 		t.Run(s.Name, func(t *testing.T) {
 			settings := s.resolve(file.Defaults)
 			settings.Mode = mode
+			started := time.Now()
 			if mode != "sequential" {
 				// Fewer in flight than a scenario's poll, so that a helper
 				// claiming more than its window would show (the crash bound).
@@ -186,9 +187,19 @@ func playAll(t *testing.T, env *env, file consumerFile, mode string) {
 			if !s.NegativeControl || t.Failed() || mode != consumerModes()[0] {
 				return
 			}
+			withHelper := time.Since(started)
+			started = time.Now()
 			problems, err = env.play(t, i, s, settings, true)
 			if err != nil {
 				t.Fatalf("negative control: %v", err)
+			}
+			// What the helper costs a scenario with a kill: the wait for the
+			// dead consumer's lease beside the group's own session timeout.
+			without := time.Since(started)
+			t.Logf("played in %v with the helper, %v without: %.2fx", withHelper.Round(time.Millisecond),
+				without.Round(time.Millisecond), withHelper.Seconds()/without.Seconds())
+			if withHelper.Seconds() > 1.3*without.Seconds() {
+				t.Errorf("the helper made the scenario %.2fx slower (bound 1.3x)", withHelper.Seconds()/without.Seconds())
 			}
 			if !slices.ContainsFunc(problems, func(p string) bool { return strings.Contains(p, "side effect ran") }) {
 				t.Errorf("negative control: without the helper the scenario should repeat a side effect; problems: %q", problems)
