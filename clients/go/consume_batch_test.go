@@ -6,6 +6,7 @@ package idemd_test
 // ClaimBatch.
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -68,6 +69,12 @@ func TestProcessBatchRunsEachKeyOnce(t *testing.T) {
 	t.Parallel()
 	consumer, dl := newConsumer(t, newClient(t), messagesEndpoint)
 	msgs := poll(newKey(t), 700, 4)
+	// Two values past the server's 1 MiB body limit (500 claims that sent
+	// them would also pass its 5 MiB message cap): the helper sends their
+	// fingerprint.
+	for _, i := range []int{100, 101} {
+		msgs[i].Value = fmt.Appendf(bytes.Repeat([]byte(" "), 2<<20), `{"n":%d}`, i)
+	}
 	for _, i := range []int{10, 20, 30} { // repeats, as a producer retry makes them
 		msgs = append(msgs, msgs[i])
 	}
@@ -105,6 +112,11 @@ func TestProcessBatchRunsEachKeyOnce(t *testing.T) {
 	}
 	if len(l.runs) != 700 {
 		t.Fatalf("a redelivery ran a handler: %d", len(l.runs))
+	}
+	// The single-message helper sees the same fingerprints.
+	for _, i := range []int{0, 100} {
+		expectAction(t, fmt.Sprintf("message %d through ProcessMessage", i),
+			consumer.ProcessMessage(context.Background(), msgs[i], l.handler(nil)), idemd.Duplicate)
 	}
 	for _, reason := range dl.got()[2:] {
 		if !strings.Contains(reason, "outcome unknown") || !strings.Contains(reason, "poison") {
