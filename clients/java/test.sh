@@ -25,8 +25,9 @@
 # Last, the Kafka consumer example (examples/kafka-consumer/, a module of its own: the core keeps no
 # Kafka dependency) under scripts/kafka.sh, which starts a throwaway one-node broker and passes its
 # address in IDEMD_TEST_KAFKA_BROKERS: ConsumerScenariosTest plays
-# clients/conformance/consumer-scenarios.json with the consumer program in separate JVMs (and the
-# negative controls), ReadmeConsumerTest runs the README's consumer block. IDEMD_KAFKA_REQUIRED makes
+# clients/conformance/consumer-scenarios.json with the consumer program in separate JVMs, in each of
+# its --mode values (sequential, pipelined, parallel; IDEMD_CONSUMER_MODES narrows them), and the
+# negative controls; ReadmeConsumerTest runs the README's consumer block. IDEMD_KAFKA_REQUIRED makes
 # them fail, not skip, without a broker.
 #
 #   IDEMD_BIN=/path/to/idemd IDEMD_TEST_CERTS=/path/to/test-certs clients/java/test.sh
@@ -44,6 +45,9 @@ case "$IDEMD_BIN" in
   *) IDEMD_BIN="$PWD/$IDEMD_BIN" ;;
 esac
 export IDEMD_BIN
+# The previous release (no ClaimBatch): ProcessBatchTest's fallback test runs processBatch against
+# it (built once and cached by the script; it skips itself without the variable).
+export IDEMD_PREVIOUS_BIN="${IDEMD_PREVIOUS_BIN:-$("$root/scripts/previous-release.sh")}"
 
 have_jdk() {
   command -v javac >/dev/null 2>&1 || return 1
@@ -122,7 +126,7 @@ if grep -l 'skipped="[1-9]' "${reports[@]}" >&2; then
 fi
 mvn_quiet -f spring-example/pom.xml test
 
-# The consumer scenarios against a real broker; their `consumer scenario N (...): pass in X s` lines
+# The consumer scenarios against a real broker; their `consumer scenario N (...), MODE mode: pass in X s` lines
 # go to the console.
 IDEMD_KAFKA_REQUIRED=1 "$root/scripts/kafka.sh" run -- \
   mvn -B -ntp -Dstyle.color=never \

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Messages/s of the Kafka consumer example (examples/kafka-consumer, KafkaConsumerExample: one
 # consumer JVM, kafka-clients' default fetch, handler 0 ms, a commit per poll) on MESSAGES messages
-# (default 10000) in 4 partitions, with MessageProcessor and without it (--no-helper), twice each,
-# against a throwaway broker (scripts/kafka.sh) and the idemd of $IDEMD_BIN (default: the release
-# build, target/release/idemd). Prints one line per run (ConsumerThroughput).
+# (default 10000) in 4 partitions, without MessageProcessor (--no-helper) and with it in each mode of
+# IDEMD_CONSUMER_BENCH_MODES (default "parallel pipelined sequential": the example's --mode;
+# parallel and pipelined hand each poll to processBatch, sequential calls process per message),
+# IDEMD_CONSUMER_BENCH_RUNS runs of each (default 2), in turn (IDEMD_CONSUMER_BENCH_PARALLELISM sets
+# --parallelism), against a throwaway broker (scripts/kafka.sh) and the idemd of $IDEMD_BIN
+# (default: the release build, target/release/idemd). Prints one line per run (ConsumerThroughput).
 #
-#   IDEMD_BIN=/path/to/release/idemd clients/java/bench/consumer.sh [MESSAGES]
+#   IDEMD_BIN=/path/to/release/idemd [IDEMD_CONSUMER_BENCH_RUNS=2] \
+#     [IDEMD_CONSUMER_BENCH_MODES="parallel pipelined"] clients/java/bench/consumer.sh [MESSAGES]
 #
 # Installs the core (and its test harness jar) into ~/.m2 as test.sh does, then builds the example.
 set -euo pipefail

@@ -7,6 +7,9 @@ package dev.idemd.client;
  * <p>Called <b>at least once</b> per such delivery: a consumer that dies after the hook and before
  * its offset commit calls it again for the same message on redelivery. Make it idempotent (key the
  * dead-letter record by the message's key or position).
+ *
+ * <p>{@link MessageProcessor#processBatch} calls it from several threads at once (one per message
+ * in flight): make it safe for concurrent use.
  */
 @FunctionalInterface
 public interface DeadLetterHook {

@@ -213,7 +213,7 @@ final class ExecuteEngine {
   }
 
   /** Records the handler's failure and returns the error to surface. */
-  private HandlerException fail(
+  HandlerException fail(
       LongSupplier leaseEnd,
       String endpoint,
       String key,
@@ -238,7 +238,7 @@ final class ExecuteEngine {
     }
   }
 
-  private static FailRequest failRequest(
+  static FailRequest failRequest(
       String endpoint, String key, String token, Disposition disposition, String reason) {
     return FailRequest.newBuilder()
         .setEndpoint(endpoint)
@@ -256,7 +256,7 @@ final class ExecuteEngine {
    * key IN_PROGRESS until the lease expires (then UNKNOWN) although one more attempt would have
    * recorded the outcome.
    */
-  private <T> T retrying(LongSupplier leaseEnd, Supplier<T> call) {
+  <T> T retrying(LongSupplier leaseEnd, Supplier<T> call) {
     for (int attempt = 0; ; attempt++) {
       try {
         return call.get();

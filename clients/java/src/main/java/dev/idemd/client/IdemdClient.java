@@ -3,8 +3,12 @@ package dev.idemd.client;
 import com.google.common.util.concurrent.ListenableFuture;
 import com.google.common.util.concurrent.MoreExecutors;
 import com.google.common.util.concurrent.SettableFuture;
+import dev.idemd.v1.ClaimBatchRequest;
+import dev.idemd.v1.ClaimBatchResponse;
 import dev.idemd.v1.ClaimRequest;
 import dev.idemd.v1.ClaimResponse;
+import dev.idemd.v1.CompleteBatchRequest;
+import dev.idemd.v1.CompleteBatchResponse;
 import dev.idemd.v1.CompleteRequest;
 import dev.idemd.v1.CompleteResponse;
 import dev.idemd.v1.ExtendLeaseRequest;
@@ -195,6 +199,33 @@ public final class IdemdClient implements AutoCloseable {
   /** Complete with a deadline. */
   public CompleteResponse complete(CompleteRequest request, Duration deadline) {
     return call(deadline, stub -> stub.complete(request));
+  }
+
+  /**
+   * ClaimBatch with the default deadline: up to 500 claims in one call, answered one result per
+   * claim in order, each as the single Claim would answer it (an item's error in place of the
+   * Claim's status error). A server without it answers {@code UNIMPLEMENTED}.
+   */
+  public ClaimBatchResponse claimBatch(ClaimBatchRequest request) {
+    return claimBatch(request, deadline);
+  }
+
+  /** ClaimBatch with a deadline. */
+  public ClaimBatchResponse claimBatch(ClaimBatchRequest request, Duration deadline) {
+    return call(deadline, stub -> stub.claimBatch(request));
+  }
+
+  /**
+   * CompleteBatch with the default deadline: up to 500 completions in one call, answered one
+   * result per completion in order, each as the single Complete would answer it.
+   */
+  public CompleteBatchResponse completeBatch(CompleteBatchRequest request) {
+    return completeBatch(request, deadline);
+  }
+
+  /** CompleteBatch with a deadline. */
+  public CompleteBatchResponse completeBatch(CompleteBatchRequest request, Duration deadline) {
+    return call(deadline, stub -> stub.completeBatch(request));
   }
 
   /** Fail with the default deadline. */

@@ -5,6 +5,7 @@ import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
+import java.util.List;
 import java.util.Objects;
 import java.util.regex.Pattern;
 
@@ -44,6 +45,9 @@ import java.util.regex.Pattern;
  * reason, then it may be committed. The hook runs at least once per such delivery: make it
  * idempotent. The key stays in idemd as failed or unknown until someone reconciles it (ListPending
  * / Reconcile).
+ *
+ * <p><b>Batches:</b> {@link #processBatch} takes a whole poll, claims and completes its keys in
+ * batched RPCs and runs the handlers side by side (per key or per partition), with the same outcomes.
  *
  * <p><b>Leases:</b> a handler slower than its lease keeps the key (the executor extends it every
  * half lease). Immutable and thread-safe.
@@ -133,31 +137,19 @@ public final class MessageProcessor {
   public Outcome process(Message message, MessageHandler handler) {
     Objects.requireNonNull(message, "message");
     Objects.requireNonNull(handler, "handler");
-    String key;
-    if (keyHeader == null) {
-      key = positionKey(message);
-    } else {
-      byte[] raw = message.header(keyHeader).orElse(null);
-      if (raw == null) {
-        return deadLetter(message, "no idempotency key: the message has no header \"" + keyHeader + "\"");
-      }
-      key = new String(raw, StandardCharsets.UTF_8);
-      if (!KEY.matcher(key).matches()) {
-        return deadLetter(message, "invalid idempotency key in header \"" + keyHeader
-            + "\": 1 to 255 characters of [A-Za-z0-9_-] expected");
-      }
+    KeyOf keyOf = keyOf(message);
+    if (keyOf.key() == null) {
+      return deadLetter(message, keyOf.invalid());
     }
-    // The one fingerprint every SDK's helper sends (consumer-scenarios.md): method CONSUME, path the
-    // endpoint, the value's bytes, no content type (so no JSON canonicalization).
-    HttpRequestSpec request = HttpRequestSpec.of("CONSUME", endpoint, "", message.valueUnsafe());
+    String key = keyOf.key();
+    HttpRequestSpec request = fingerprintRequest(message);
     try {
       ExecuteResult result =
           client.executeOnce(endpoint, key, request, execution -> {
             if (execution.attempt() > 1) {
               // A takeover policy handed us a key whose holder's lease expired: that holder may
               // have run the side effect. Recorded as unknown (the engine's Fail), not run.
-              throw new OutcomeUnknown("an earlier attempt's lease expired before it recorded an"
-                  + " outcome; taken over as attempt " + execution.attempt() + ", not run again");
+              throw OutcomeUnknown.takenOver(execution.attempt());
             }
             handler.handle(message);
             return HttpResponseSpec.of(200, java.util.List.of(), new byte[0]);
@@ -165,26 +157,131 @@ public final class MessageProcessor {
       return new Outcome(result.replayed() ? Kind.DUPLICATE : Kind.EXECUTED, "", null);
     } catch (HandlerException e) {
       // The stored Fail reason (<Kind>: <message>, capped), so the hook and idemd say the same.
-      return deadLetter(message, ExecuteEngine.truncateUtf8(
-          ExecuteEngine.describe(e.getCause()), ExecuteEngine.MAX_REASON_BYTES));
+      return deadLetter(message, handlerReason(e.getCause()));
     } catch (CompleteFailedException e) {
       return new Outcome(Kind.EXECUTED, "", e);
     } catch (OutcomePendingException e) {
       return deadLetter(message, pendingReason(e.state(), e.reason()));
     } catch (KeyReuseException e) {
-      return deadLetter(message, "key reuse: the key was used earlier with a different message value"
-          + " (422 idempotency_key_reuse)");
+      return deadLetter(message, KEY_REUSE_REASON);
     } catch (InProgressException e) {
       return new Outcome(Kind.RETRY, "another consumer holds the key (409 request_in_progress)", e);
     } catch (StatusRuntimeException e) {
-      if (ExecuteEngine.isTransient(e) || e.getStatus().getCode() == Status.Code.RESOURCE_EXHAUSTED) {
-        return new Outcome(Kind.RETRY, "idemd unavailable: " + e.getStatus().getCode(), e);
-      }
-      throw e;
+      return statusOutcome(e);
     }
   }
 
-  private Outcome deadLetter(Message message, String reason) {
+  /**
+   * {@link #process} for a whole poll: one {@link Outcome} per message, in {@code messages}' order,
+   * each meaning exactly what {@code process} would have returned for it (the same kinds and
+   * reasons, the same dead-letter hook calls), with {@link BatchOptions#defaults()}.
+   *
+   * @see #processBatch(List, MessageHandler, BatchOptions)
+   */
+  public List<Outcome> processBatch(List<Message> messages, MessageHandler handler) {
+    return processBatch(messages, handler, BatchOptions.defaults());
+  }
+
+  /**
+   * {@link #process} for a whole poll ({@code messages} in partition/offset order): one {@link
+   * Outcome} per message, in {@code messages}' order, each meaning exactly what {@code process}
+   * would have returned for it (the same kinds and reasons, the same dead-letter hook calls). The
+   * bookkeeping is batched and pipelined: as slots free up (at most {@link
+   * BatchOptions#parallelism()} messages in flight), the next messages' keys are claimed in one
+   * ClaimBatch call, each claimed handler starts the moment the answer arrives (its lease extended
+   * by heartbeats while it runs), and the handlers' successes are recorded together in
+   * CompleteBatch calls that overlap the next claims. A message whose key an earlier message of the
+   * poll has in flight waits until that one is decided (and is then a {@code DUPLICATE}); one whose
+   * key another consumer holds goes through {@link #process} (it waits up to {@code maxWait}).
+   * {@link BatchOptions.Ordering#PER_PARTITION} runs each partition (topic and partition) one
+   * message at a time in offset order; once one of its messages is {@code RETRY}, its later
+   * messages are {@code RETRY} too, without running.
+   *
+   * <p><b>Commit offsets in order:</b> for each partition, up to (not including) its first message
+   * whose outcome does not {@link Outcome#mayCommit() allow a commit}, and seek back there. With
+   * {@link BatchOptions.Ordering#PER_KEY} a later message of that partition may already have run;
+   * redelivered, it is a {@code DUPLICATE}.
+   *
+   * <p><b>Crash bound:</b> a key is claimed only for a free slot, and every claimed handler is
+   * started as soon as its ClaimBatch answers (nothing else runs in between). A process killed at
+   * any point therefore parks as outcome-unknown at most {@code parallelism} messages, and only
+   * those whose handler had been started; the rest of the poll was never claimed and runs normally
+   * on redelivery.
+   *
+   * <p><b>Threads:</b> handlers run on worker threads, up to {@code parallelism} at once, and the
+   * {@link DeadLetterHook} is called from several threads at once: make both safe for concurrent
+   * use. Against a server without ClaimBatch ({@code UNIMPLEMENTED}, an idemd older than the batch
+   * RPCs) every message goes through {@link #process} instead, still up to {@code parallelism} at
+   * once.
+   *
+   * @throws StatusRuntimeException what {@code process} would throw for a message (an error no
+   *     redelivery can fix: stop the consumer without committing), once the messages in flight are
+   *     decided; the poll's outcomes are then lost, and its redelivery answers the messages already
+   *     run as duplicates
+   */
+  public List<Outcome> processBatch(List<Message> messages, MessageHandler handler, BatchOptions options) {
+    Objects.requireNonNull(messages, "messages");
+    Objects.requireNonNull(handler, "handler");
+    Objects.requireNonNull(options, "options");
+    return new BatchRun(this, messages, handler, options).run();
+  }
+
+  /** What {@link #process} makes of a status error: {@code RETRY}, or thrown. */
+  Outcome statusOutcome(StatusRuntimeException e) {
+    if (ExecuteEngine.isTransient(e) || e.getStatus().getCode() == Status.Code.RESOURCE_EXHAUSTED) {
+      return new Outcome(Kind.RETRY, "idemd unavailable: " + e.getStatus().getCode(), e);
+    }
+    throw e;
+  }
+
+  /** The key of {@code message}, or why it has none ({@code key} null). */
+  record KeyOf(String key, String invalid) {}
+
+  KeyOf keyOf(Message message) {
+    if (keyHeader == null) {
+      return new KeyOf(positionKey(message), null);
+    }
+    byte[] raw = message.header(keyHeader).orElse(null);
+    if (raw == null) {
+      return new KeyOf(null, "no idempotency key: the message has no header \"" + keyHeader + "\"");
+    }
+    String key = new String(raw, StandardCharsets.UTF_8);
+    if (!KEY.matcher(key).matches()) {
+      return new KeyOf(null, "invalid idempotency key in header \"" + keyHeader
+          + "\": 1 to 255 characters of [A-Za-z0-9_-] expected");
+    }
+    return new KeyOf(key, null);
+  }
+
+  /**
+   * The one fingerprint every SDK's helper sends (consumer-scenarios.md): method CONSUME, path the
+   * endpoint, the value's bytes, no content type (so no JSON canonicalization).
+   */
+  HttpRequestSpec fingerprintRequest(Message message) {
+    return HttpRequestSpec.of("CONSUME", endpoint, "", message.valueUnsafe());
+  }
+
+  static final String KEY_REUSE_REASON =
+      "key reuse: the key was used earlier with a different message value (422 idempotency_key_reuse)";
+
+  /** The stored Fail reason (<Kind>: <message>, capped), so the hook and idemd say the same. */
+  static String handlerReason(Throwable cause) {
+    return ExecuteEngine.truncateUtf8(ExecuteEngine.describe(cause), ExecuteEngine.MAX_REASON_BYTES);
+  }
+
+  IdemdClient client() {
+    return client;
+  }
+
+  String endpoint() {
+    return endpoint;
+  }
+
+  ExecuteOptions options() {
+    return options;
+  }
+
+  Outcome deadLetter(Message message, String reason) {
     try {
       deadLetter.deadLetter(message, reason);
     } catch (Exception e) {
@@ -196,7 +293,7 @@ public final class MessageProcessor {
     return new Outcome(Kind.DEAD_LETTERED, reason, null);
   }
 
-  private static String pendingReason(State state, String stored) {
+  static String pendingReason(State state, String stored) {
     String detail = stored == null || stored.isBlank() ? "" : " (" + stored + ")";
     return switch (state) {
       case STATE_FAILED -> "an earlier attempt failed" + detail;
@@ -223,11 +320,16 @@ public final class MessageProcessor {
   }
 
   /** Thrown in place of the handler on a takeover; its name and message are the stored reason. */
-  private static final class OutcomeUnknown extends Exception {
+  static final class OutcomeUnknown extends Exception {
     private static final long serialVersionUID = 1L;
 
     OutcomeUnknown(String message) {
       super(message);
+    }
+
+    static OutcomeUnknown takenOver(int attempt) {
+      return new OutcomeUnknown("an earlier attempt's lease expired before it recorded an"
+          + " outcome; taken over as attempt " + attempt + ", not run again");
     }
   }
 

@@ -35,7 +35,10 @@ public final class IdemdServer implements AutoCloseable {
   private final Deque<String> log = new ArrayDeque<>();
 
   private IdemdServer(List<String> extraArgs) throws IOException {
-    Path binary = RepoPaths.idemdBinary();
+    this(RepoPaths.idemdBinary(), extraArgs);
+  }
+
+  private IdemdServer(Path binary, List<String> extraArgs) throws IOException {
     if (!Files.isExecutable(binary)) {
       throw new IllegalStateException(
           "idemd binary not found at " + binary + " (set IDEMD_BIN to the server binary)");
@@ -69,6 +72,19 @@ public final class IdemdServer implements AutoCloseable {
   public static IdemdServer startConformance() throws IOException {
     Path conformance = RepoPaths.conformance();
     return new IdemdServer(
+        List.of(
+            "--config", conformance.resolve("idemd.toml").toString(),
+            "--auth-tokens", conformance.resolve("tokens.txt").toString()));
+  }
+
+  /**
+   * Starts {@code binary} (another idemd build, e.g. the previous release) as {@link
+   * #startConformance()} starts $IDEMD_BIN.
+   */
+  public static IdemdServer startConformance(Path binary) throws IOException {
+    Path conformance = RepoPaths.conformance();
+    return new IdemdServer(
+        binary,
         List.of(
             "--config", conformance.resolve("idemd.toml").toString(),
             "--auth-tokens", conformance.resolve("tokens.txt").toString()));

@@ -1,5 +1,6 @@
 package dev.idemd.examples.kafka;
 
+import dev.idemd.client.BatchOptions;
 import dev.idemd.client.IdemdClient;
 import dev.idemd.client.Message;
 import dev.idemd.client.MessageHandler;
@@ -15,6 +16,7 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
 import java.time.Duration;
+import java.util.ArrayList;
 import java.util.EnumMap;
 import java.util.HashMap;
 import java.util.List;
@@ -52,7 +54,15 @@ import org.apache.kafka.common.serialization.ByteArrayDeserializer;
  * --kill-in-handler-after-side-effect-of N   SIGKILL itself inside the handler, after N's side effect
  * --kill-after-side-effect-of N              SIGKILL itself once the processor returned for N, before the commit
  * --no-helper           run the handler on every delivery, no idemd (the negative control)
+ * --mode M              sequential (default: process(), one message in hand), pipelined
+ *                       (processBatch PER_PARTITION: each partition in offset order, partitions side
+ *                       by side) or parallel (processBatch PER_KEY: keys side by side)
+ * --parallelism N       messages in flight in the pipelined and parallel modes (default 256)
  * </pre>
+ *
+ * <p>In the batch modes a whole poll goes to {@link MessageProcessor#processBatch}; the messages it
+ * answers {@code RETRY} are processed again in place, after a pause, until decided (or SIGTERM);
+ * then each partition is committed up to its first undecided message.
  *
  * <p>Prints one line per delivery, {@code outcome=KIND message=N partition=P offset=O}, and on exit
  * {@code summary executed=.. duplicate=.. dead_lettered=.. retry=..}.
@@ -96,6 +106,18 @@ public final class KafkaConsumerExample {
     long killInHandler = Long.parseLong(flags.getOrDefault("kill-in-handler-after-side-effect-of", "-1"));
     long killAfter = Long.parseLong(flags.getOrDefault("kill-after-side-effect-of", "-1"));
     boolean noHelper = flags.containsKey("no-helper");
+    String mode = flags.getOrDefault("mode", "sequential");
+    BatchOptions batchOptions = BatchOptions.defaults();
+    switch (mode) {
+      case "sequential" -> { }
+      case "pipelined" -> batchOptions = batchOptions.withOrdering(BatchOptions.Ordering.PER_PARTITION);
+      case "parallel" -> batchOptions = batchOptions.withOrdering(BatchOptions.Ordering.PER_KEY);
+      default -> throw new IllegalArgumentException("--mode is sequential, pipelined or parallel");
+    }
+    if (flags.containsKey("parallelism")) {
+      batchOptions = batchOptions.withParallelism(Integer.parseInt(flags.get("parallelism")));
+    }
+    boolean batch = !noHelper && !mode.equals("sequential");
 
     MessageHandler handler = message -> {
       Order order = Order.parse(message.value());
@@ -137,6 +159,10 @@ public final class KafkaConsumerExample {
       while (!stopping) {
         ConsumerRecords<byte[], byte[]> records = consumer.poll(Duration.ofMillis(200));
         Map<TopicPartition, OffsetAndMetadata> done = new HashMap<>();
+        if (batch) {
+          commit(consumer, processPoll(consumer, processor, handler, batchOptions, records, counts, killAfter));
+          continue;
+        }
         deliveries:
         for (TopicPartition partition : records.partitions()) {
           for (ConsumerRecord<byte[], byte[]> record : records.records(partition)) {
@@ -169,6 +195,79 @@ public final class KafkaConsumerExample {
           + " retry=" + counts.getOrDefault(Kind.RETRY, 0));
       System.out.flush();
     }
+  }
+
+  /**
+   * The batch modes: hands the whole poll to processBatch, then the messages it answers RETRY
+   * again (after a pause) until each is decided or SIGTERM comes; returns the offsets to commit:
+   * per partition, up to its first undecided message. Kills itself for --kill-after-side-effect-of
+   * N once N is reported done, before the commit.
+   */
+  private static Map<TopicPartition, OffsetAndMetadata> processPoll(
+      KafkaConsumer<byte[], byte[]> consumer, MessageProcessor processor,
+      MessageHandler handler, BatchOptions options, ConsumerRecords<byte[], byte[]> records,
+      Map<Kind, Integer> counts, long killAfter) throws Exception {
+    List<ConsumerRecord<byte[], byte[]>> all = new ArrayList<>();
+    for (TopicPartition partition : records.partitions()) {
+      all.addAll(records.records(partition)); // partition by partition, in offset order
+    }
+    boolean[] decided = new boolean[all.size()];
+    List<Integer> undecided = new ArrayList<>();
+    for (int i = 0; i < all.size(); i++) {
+      undecided.add(i);
+    }
+    long pause = 100;
+    while (!undecided.isEmpty()) {
+      List<Message> messages = new ArrayList<>();
+      for (int i : undecided) {
+        messages.add(toMessage(all.get(i)));
+      }
+      // A poll begun is finished on SIGTERM (its retries aside).
+      List<Outcome> outcomes = processor.processBatch(messages, handler, options);
+      List<Integer> again = new ArrayList<>();
+      String reason = "";
+      for (int k = 0; k < undecided.size(); k++) {
+        int i = undecided.get(k);
+        ConsumerRecord<byte[], byte[]> record = all.get(i);
+        Outcome outcome = outcomes.get(k);
+        long n = Order.parse(record.value()).n();
+        counts.merge(outcome.kind(), 1, Integer::sum);
+        System.out.println("outcome=" + outcome.kind() + " message=" + n
+            + " partition=" + record.partition() + " offset=" + record.offset());
+        if (!outcome.mayCommit()) {
+          if (reason.isEmpty()) {
+            reason = outcome.reason();
+          }
+          again.add(i);
+          continue;
+        }
+        decided[i] = true;
+        if (n == killAfter) {
+          killSelf();
+        }
+      }
+      undecided = again;
+      if (undecided.isEmpty() || stopping) {
+        break;
+      }
+      System.err.println("kafka-consumer: retrying " + undecided.size() + " messages: " + reason);
+      Thread.sleep(pause);
+      pause = Math.min(2 * pause, 2000);
+    }
+    Map<TopicPartition, OffsetAndMetadata> done = new HashMap<>();
+    java.util.Set<TopicPartition> blocked = new java.util.HashSet<>();
+    for (int i = 0; i < all.size(); i++) {
+      ConsumerRecord<byte[], byte[]> record = all.get(i);
+      TopicPartition partition = new TopicPartition(record.topic(), record.partition());
+      if (!decided[i] && blocked.add(partition)) {
+        // Not committed, and nothing after it in this partition is taken before it.
+        consumer.seek(partition, record.offset());
+      }
+      if (!blocked.contains(partition)) {
+        done.put(partition, new OffsetAndMetadata(record.offset() + 1));
+      }
+    }
+    return done;
   }
 
   /** A Kafka record as the processor sees it. */

@@ -19,8 +19,11 @@ import org.apache.kafka.common.TopicPartition;
 
 /**
  * Messages/s of {@link KafkaConsumerExample} (one consumer JVM, default fetch size, handler 0 ms)
- * on N messages in 4 partitions, with the helper and without it ({@code --no-helper}), against the
- * idemd of $IDEMD_BIN and the broker of $IDEMD_TEST_KAFKA_BROKERS. Run by bench/consumer.sh.
+ * on N messages in 4 partitions, without the helper ({@code --no-helper}) and with it in each mode
+ * of $IDEMD_CONSUMER_BENCH_MODES (default "parallel pipelined sequential", the program's {@code
+ * --mode}), $IDEMD_CONSUMER_BENCH_RUNS runs of each (default 2), in turn; $IDEMD_CONSUMER_BENCH_PARALLELISM
+ * sets the program's {@code --parallelism}. Against the idemd of $IDEMD_BIN and the broker of
+ * $IDEMD_TEST_KAFKA_BROKERS. Run by bench/consumer.sh.
  *
  * <p>Timed from the first side effect to the last (the JVM start, the group join and the first
  * fetch are left out), and, for reference, from the process start to the last offset committed.
@@ -36,7 +39,23 @@ public final class ConsumerThroughput {
     props.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, brokers);
     try (IdemdServer idemd = IdemdServer.startConformance(); Admin admin = Admin.create(props)) {
       ConsumerScenariosTest.admin = admin;
-      for (boolean noHelper : new boolean[] {true, false, true, false}) {
+      String runsEnv = System.getenv("IDEMD_CONSUMER_BENCH_RUNS");
+      int runs = runsEnv == null || runsEnv.isBlank() ? 2 : Integer.parseInt(runsEnv.trim());
+      String modesEnv = System.getenv("IDEMD_CONSUMER_BENCH_MODES");
+      List<String> modes = new ArrayList<>(List.of("no-helper"));
+      modes.addAll(List.of((modesEnv == null || modesEnv.isBlank()
+          ? "parallel pipelined sequential" : modesEnv).trim().split("\\s+")));
+      String parallelism = System.getenv("IDEMD_CONSUMER_BENCH_PARALLELISM");
+      List<String[]> plays = new ArrayList<>();
+      for (int run = 1; run <= runs; run++) {
+        for (String mode : modes) {
+          plays.add(new String[] {Integer.toString(run), mode});
+        }
+      }
+      for (String[] play : plays) {
+        int run = Integer.parseInt(play[0]);
+        String mode = play[1];
+        boolean noHelper = mode.equals("no-helper");
         String prefix = Long.toHexString(System.nanoTime());
         String topic = "throughput-" + prefix;
         admin.createTopics(List.of(new NewTopic(topic, partitions, (short) 1))).all().get(30, TimeUnit.SECONDS);
@@ -59,6 +78,11 @@ public final class ConsumerThroughput {
             "--dead-letters", dir.resolve("dead-letters").toString()));
         if (noHelper) {
           command.add("--no-helper");
+        } else {
+          command.addAll(List.of("--mode", mode));
+          if (parallelism != null && !parallelism.isBlank()) {
+            command.addAll(List.of("--parallelism", parallelism.trim()));
+          }
         }
         long start = System.nanoTime();
         Process consumer = new ProcessBuilder(command)
@@ -86,9 +110,9 @@ public final class ConsumerThroughput {
         long committed = System.nanoTime();
         consumer.destroy();
         consumer.waitFor(30, TimeUnit.SECONDS);
-        System.out.printf(Locale.ROOT, "%-11s %d messages, 4 partitions: %.0f messages/s (first to last side"
-                + " effect %.2f s; process start to last commit %.2f s)%n",
-            noHelper ? "no helper" : "with helper", messages, (messages - 1) / ((last - first) / 1e9),
+        System.out.printf(Locale.ROOT, "run %d, %-10s %d messages, 4 partitions: %.0f messages/s (first to"
+                + " last side effect %.2f s; process start to last commit %.2f s)%n",
+            run, mode, messages, (messages - 1) / ((last - first) / 1e9),
             (last - first) / 1e9, (committed - start) / 1e9);
       }
     }
