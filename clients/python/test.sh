@@ -3,8 +3,10 @@
 # generates the gRPC stubs from proto/idemd/v1/idempotency.proto, and runs every
 # test (vectors, conformance scenarios, README, the ASGI/WSGI middleware in FastAPI and Flask
 # against the shared HTTP scenarios, @idempotent, HTTP example, executor, TLS/mTLS,
-# packaging, the README's install into a fresh venv, the message-consumer helper, the consumer
-# scenarios against a Kafka broker from scripts/kafka.sh, replay latency) against a real idemd
+# packaging, the README's install into a fresh venv, the message-consumer helper and its
+# process_batch (its fallback against $IDEMD_PREVIOUS_BIN, default from scripts/previous-release.sh),
+# the consumer scenarios in each --mode ($IDEMD_CONSUMER_MODES narrows them) against a Kafka
+# broker from scripts/kafka.sh, replay latency) against a real idemd
 # started from $IDEMD_BIN (default: <repo>/target/debug/idemd). The TLS test takes its certificates from
 # $IDEMD_TEST_CERTS (written by `make test-certs`) and fails when it is unset.
 #
@@ -50,6 +52,15 @@ want="$(sha256sum "$sdk/requirements-dev.txt" | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$sdk/requirements-dev.txt"
   echo "$want" >"$stamp"
+fi
+
+# The previous release (no ClaimBatch): process_batch's fallback test runs against it. Built once
+# and cached by the script; it prints the path fast afterwards.
+if [ -z "${IDEMD_PREVIOUS_BIN:-}" ] && [ -x "$repo/scripts/previous-release.sh" ]; then
+  case " $* " in
+    *" --collect-only "*) ;;
+    *) IDEMD_PREVIOUS_BIN="$("$repo/scripts/previous-release.sh")" && export IDEMD_PREVIOUS_BIN ;;
+  esac
 fi
 
 # Stubs from the proto, every run (fast; never committed).

@@ -1,4 +1,8 @@
-"""Messages/s of examples/kafka_consumer.py with and without MessageProcessor (issue 39).
+"""Messages/s of examples/kafka_consumer.py with and without MessageProcessor (issues 39, 52).
+
+Modes: "no helper" (``--no-helper``), then each of $IDEMD_CONSUMER_BENCH_MODES (default
+"parallel pipelined sequential": the program's ``--mode``; $IDEMD_CONSUMER_BENCH_PARALLELISM sets
+its ``--parallelism``), in turn, $IDEMD_CONSUMER_BENCH_RUNS rounds (default ``--rounds``, 1).
 
 One consumer, a fresh topic per run (``--partitions``, default 4) holding ``--messages`` (default
 10,000) distinct messages, the client's default fetch (confluent-kafka's prefetch, one ``poll`` per
@@ -29,7 +33,7 @@ from kafka_clients import KafkaClients  # noqa: E402
 from test_kafka_consumer import PROGRAM, lines, produce  # noqa: E402
 
 
-def one_run(kafka: KafkaClients, idemd: str, messages: int, partitions: int, helper: bool, tmp: Path) -> dict:
+def one_run(kafka: KafkaClients, idemd: str, messages: int, partitions: int, mode: str, tmp: Path) -> dict:
     topic = f"bench-{secrets.token_hex(4)}"
     brokers = kafka.brokers
     kafka.create_topic(topic, partitions)
@@ -39,7 +43,13 @@ def one_run(kafka: KafkaClients, idemd: str, messages: int, partitions: int, hel
     args = [sys.executable, str(PROGRAM), "--brokers", brokers, "--topic", topic, "--group", f"g-{topic}",
             "--idemd", idemd, "--ledger", str(ledger), "--dead-letters", str(tmp / f"{topic}.dead")]
     started = time.monotonic()
-    consumer = subprocess.Popen(args + ([] if helper else ["--no-helper"]), env=env, stdout=subprocess.DEVNULL)
+    if mode == "no helper":
+        args.append("--no-helper")
+    else:
+        args += ["--mode", mode]
+        if os.environ.get("IDEMD_CONSUMER_BENCH_PARALLELISM"):
+            args += ["--parallelism", os.environ["IDEMD_CONSUMER_BENCH_PARALLELISM"]]
+    consumer = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL)
     first = None
     try:
         while True:
@@ -59,7 +69,7 @@ def one_run(kafka: KafkaClients, idemd: str, messages: int, partitions: int, hel
         consumer.wait(30)
         kafka.delete_topic(topic)
     return {
-        "mode": "helper" if helper else "no helper",
+        "mode": mode,
         "messages_per_s": round((count - first[1]) / (now - first[0])),
         "total_s_from_start": round(now - started, 2),
     }
@@ -71,16 +81,17 @@ def main() -> None:
     parser.add_argument("--idemd-bin", default=os.environ.get("IDEMD_BIN"), required="IDEMD_BIN" not in os.environ)
     parser.add_argument("--messages", type=int, default=10_000)
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=int(os.environ.get("IDEMD_CONSUMER_BENCH_RUNS") or 1))
     args = parser.parse_args()
     if not args.brokers:
         raise SystemExit("no broker: pass --brokers or run under scripts/kafka.sh run --")
     os.environ["IDEMD_BIN"] = args.idemd_bin
     with start_server() as server, tempfile.TemporaryDirectory(prefix="idemd-consumer-bench-") as tmp, \
             KafkaClients(args.brokers) as kafka:
+        modes = (os.environ.get("IDEMD_CONSUMER_BENCH_MODES") or "parallel pipelined sequential").split()
         for _ in range(args.rounds):
-            for helper in (False, True):
-                print(json.dumps(one_run(kafka, server.address, args.messages, args.partitions, helper, Path(tmp))),
+            for mode in ["no helper", *modes]:
+                print(json.dumps(one_run(kafka, server.address, args.messages, args.partitions, mode, Path(tmp))),
                       flush=True)
 
 

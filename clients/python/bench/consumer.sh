@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Consumer throughput (issue 39): examples/kafka_consumer.py with and without MessageProcessor,
+# Consumer throughput (issues 39, 52): examples/kafka_consumer.py without the helper and with it
+# in each --mode ($IDEMD_CONSUMER_BENCH_MODES, default "parallel pipelined sequential"),
 # 10,000 messages, 4 partitions, one consumer, against a release idemd and a fresh broker from
 # scripts/kafka.sh. Prints one JSON line per run (messages/s from the first side effect to the last).
+# $IDEMD_CONSUMER_BENCH_RUNS rounds (default 1), $IDEMD_CONSUMER_BENCH_PARALLELISM the --parallelism.
 #
 #   IDEMD_BIN=target/release/idemd clients/python/bench/consumer.sh [--messages N] [--partitions P] [--rounds R]
 set -euo pipefail

@@ -9,6 +9,13 @@ helper says it may be (EXECUTED, DUPLICATE, DEAD_LETTERED), in order per partiti
 the helper says to RETRY is processed again before anything later of its partition. SIGTERM:
 finish the message in hand, commit, leave the group, exit 0. On exit it prints
 ``{"executed": .., "duplicate": .., "dead_lettered": .., "retry": ..}``.
+
+``--mode``: ``sequential`` (default; ``MessageProcessor.process``, one message in hand),
+``pipelined`` (``process_batch`` with ``Ordering.PER_PARTITION``: each partition in offset order,
+partitions side by side) or ``parallel`` (``process_batch`` with ``Ordering.PER_KEY``: keys side by
+side), up to ``--parallelism`` handlers at once. The batch modes hand each poll (what the client
+has fetched, up to POLL_MAX messages) to ``process_batch``, process the RETRY ones again in place
+after a pause, and commit each partition up to its first undecided message.
 """
 
 from __future__ import annotations
@@ -24,13 +31,16 @@ from typing import Dict, Tuple
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 import idemd
-from idemd import Message, MessageProcessor, Outcome
+from idemd import Message, MessageProcessor, Ordering, Outcome
 
 #: Commit every this many messages or seconds, whichever comes first (and when idle,
 #: on a revocation and on exit): one commit per message would be a broker round trip each.
 COMMIT_EVERY = 100
 COMMIT_SECONDS = 0.2
 RETRY_PAUSE = 0.2
+#: The batch modes: at most this many fetched messages per poll (confluent-kafka hands out a fetch
+#: partition by partition: a small poll would often hold one partition, which PER_PARTITION runs serially).
+POLL_MAX = 10_000
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -49,6 +59,11 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--kill-in-handler-after-side-effect-of", type=int, metavar="N")
     p.add_argument("--kill-after-side-effect-of", type=int, metavar="N")
     p.add_argument("--no-helper", action="store_true", help="the negative control: no idemd, every delivery runs")
+    p.add_argument("--mode", choices=("sequential", "pipelined", "parallel"), default="sequential",
+                   help="sequential (process, one message in hand), pipelined (process_batch, each partition in "
+                        "offset order) or parallel (process_batch, keys side by side)")
+    p.add_argument("--parallelism", type=int, default=idemd.DEFAULT_PARALLELISM,
+                   help="handlers at once in the pipelined and parallel modes")
     return p.parse_args(argv)
 
 
@@ -120,8 +135,71 @@ def main(argv=None) -> int:
     })
     consumer.subscribe([args.topic], on_revoke=lambda c, partitions: commit(False))
     counts = {outcome: 0 for outcome in Outcome}
+    batch = args.mode != "sequential"
+    ordering = Ordering.PER_PARTITION if args.mode == "pipelined" else Ordering.PER_KEY
+
+    def process_poll(records) -> None:
+        """A whole poll through process_batch (or the no-helper handler), the RETRY ones again in
+        place after a pause until decided or SIGTERM; then each partition may be committed up to
+        its first undecided message."""
+        messages = [Message(r.value() or b"", r.headers() or [], r.topic(), r.partition(), r.offset())
+                    for r in records]
+        undecided = list(range(len(records)))
+        decided = [False] * len(records)
+        pause = RETRY_PAUSE
+        while undecided:
+            group = [messages[i] for i in undecided]
+            if helper is None:
+                outcomes = [no_helper(m, handle) for m in group]
+            else:
+                outcomes = [p.outcome for p in helper.process_batch(group, handle, ordering=ordering,
+                                                                    parallelism=args.parallelism)]
+            again = []
+            for i, outcome in zip(undecided, outcomes):
+                counts[outcome] += 1
+                if not outcome.may_commit:
+                    again.append(i)
+                    continue
+                decided[i] = True
+                n = json.loads(messages[i].value)["n"]
+                print(json.dumps({"message": n, "outcome": outcome.value}), flush=False)
+                if n == args.kill_after_side_effect_of:
+                    sys.stdout.flush()
+                    os.kill(os.getpid(), signal.SIGKILL)
+            undecided = again
+            if undecided and not stopping:
+                time.sleep(pause)
+                pause = min(2 * pause, 2.0)
+            elif undecided:
+                for i in undecided:  # SIGTERM: leave them uncommitted, for the next owner
+                    n = json.loads(messages[i].value)["n"]
+                    print(json.dumps({"message": n, "outcome": Outcome.RETRY.value}), flush=False)
+                break
+        sys.stdout.flush()
+        blocked = set()
+        for i, record in enumerate(records):
+            where = (record.topic(), record.partition())
+            if not decided[i]:
+                blocked.add(where)
+            if where not in blocked:
+                done[where] = record.offset() + 1
+                last_commit[1] += 1
+
     try:
-        while not stopping:
+        while batch and not stopping:
+            record = consumer.poll(0.2)
+            if record is None:
+                commit(True)
+                continue
+            records = [record] + consumer.consume(num_messages=POLL_MAX - 1, timeout=0)  # what is fetched
+            for bad in [r for r in records if r.error()]:
+                print(f"consume error: {bad.error()}", file=sys.stderr, flush=True)
+            records = [r for r in records if not r.error()]
+            if records:
+                process_poll(records)
+            if last_commit[1] >= COMMIT_EVERY or time.monotonic() - last_commit[0] >= COMMIT_SECONDS:
+                commit(True)
+        while not batch and not stopping:
             record = consumer.poll(0.2)
             if record is None:
                 commit(True)
@@ -148,6 +226,9 @@ def main(argv=None) -> int:
             if last_commit[1] >= COMMIT_EVERY or time.monotonic() - last_commit[0] >= COMMIT_SECONDS:
                 commit(True)
     finally:
+        # Stopping already: a second SIGTERM must not kill the commit, nor the interpreter's
+        # shutdown (which puts a Python handler back to the default, exit by the signal).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         commit(False)
         consumer.close()  # leaves the group: its partitions move at once
         if client is not None:

@@ -27,12 +27,22 @@ from .errors import (
     StillInProgressError,
 )
 from .fingerprint import FingerprintError, canonical_body, fingerprint_v1
-from .messages import AsyncMessageProcessor, Message, MessageProcessor, MissingKeyError, Outcome, Processed
+from .messages import (
+    DEFAULT_PARALLELISM,
+    AsyncMessageProcessor,
+    Message,
+    MessageProcessor,
+    MissingKeyError,
+    Ordering,
+    Outcome,
+    Processed,
+)
 from .types import Execution, Request, Response, Result
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_PARALLELISM",
     "AsyncMessageProcessor",
     "Client",
     "Execution",
@@ -44,6 +54,7 @@ __all__ = [
     "MessageProcessor",
     "MissingKeyError",
     "NoSideEffect",
+    "Ordering",
     "Outcome",
     "OutcomePendingError",
     "Processed",

@@ -154,6 +154,16 @@ class AsyncClient:
     ) -> "pb.CompleteResponse":
         return await self._call("Complete", request, timeout)
 
+    async def claim_batch(
+        self, request: "pb.ClaimBatchRequest", *, timeout: Optional[float] = None
+    ) -> "pb.ClaimBatchResponse":
+        return await self._call("ClaimBatch", request, timeout)
+
+    async def complete_batch(
+        self, request: "pb.CompleteBatchRequest", *, timeout: Optional[float] = None
+    ) -> "pb.CompleteBatchResponse":
+        return await self._call("CompleteBatch", request, timeout)
+
     async def fail(self, request: "pb.FailRequest", *, timeout: Optional[float] = None) -> "pb.FailResponse":
         return await self._call("Fail", request, timeout)
 

@@ -163,6 +163,19 @@ class Client:
     def fail(self, request: "pb.FailRequest", *, timeout: Optional[float] = None) -> "pb.FailResponse":
         return self._call("Fail", request, timeout)
 
+    def claim_batch(
+        self, request: "pb.ClaimBatchRequest", *, timeout: Optional[float] = None
+    ) -> "pb.ClaimBatchResponse":
+        """ClaimBatch: up to 500 claims in one call, each answered as :meth:`claim` would
+        (no retries; :meth:`idemd.MessageProcessor.process_batch` uses it)."""
+        return self._call("ClaimBatch", request, timeout)
+
+    def complete_batch(
+        self, request: "pb.CompleteBatchRequest", *, timeout: Optional[float] = None
+    ) -> "pb.CompleteBatchResponse":
+        """CompleteBatch: up to 500 completions in one call, each answered as :meth:`complete` would."""
+        return self._call("CompleteBatch", request, timeout)
+
     def extend_lease(
         self, request: "pb.ExtendLeaseRequest", *, timeout: Optional[float] = None
     ) -> "pb.ExtendLeaseResponse":
@@ -312,11 +325,14 @@ class Client:
         """Complete or Fail, retried on transport failures (a new connection each time) with
         the same lease token, at least ``retry.attempts`` times and until the lease runs out
         (``until``, monotonic), before the error is reported."""
+        self._deliver_response(method, request, until)
+
+    def _deliver_response(self, method: str, request: object, until: float) -> T:
+        """:meth:`_deliver`, returning the response (CompleteBatch's)."""
         retry = 0
         while True:
             try:
-                self._call(method, request, None)
-                return
+                return self._call(method, request, None)
             except RpcError as e:
                 retry += 1
                 left = until - time.monotonic()

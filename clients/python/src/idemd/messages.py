@@ -30,66 +30,34 @@ import enum
 import inspect
 import json
 import logging
+import threading
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Optional, Sequence, Tuple, Union
+from typing import Any, Awaitable, Callable, List, Optional, Sequence, Tuple, Union
 
+from . import _batch
 from . import _executor as ex
+from ._batch import DEFAULT_PARALLELISM, Ordering
 from ._grpc_util import key_hash
+from ._message_types import HeaderValue, Message, Outcome, Processed, stored_response as _stored
 from .aio import AsyncClient
 from .client import Client
 from .errors import IdemdError, KeyReuseError, OutcomePendingError, RpcError, StillInProgressError
 from .types import Execution, Request, Response, Result
 
-__all__ = ["AsyncMessageProcessor", "Message", "MessageProcessor", "MissingKeyError", "Outcome", "Processed"]
+__all__ = [
+    "DEFAULT_PARALLELISM",
+    "AsyncMessageProcessor",
+    "Message",
+    "MessageProcessor",
+    "MissingKeyError",
+    "Ordering",
+    "Outcome",
+    "Processed",
+]
 
 log = logging.getLogger("idemd")
 
-HeaderValue = Union[bytes, str, None]
 MAX_KEY_CHARS = 255
-
-
-@dataclass(frozen=True)
-class Message:
-    """One delivery of a message, built by the caller from its broker client's record."""
-
-    value: bytes
-    #: In the broker's order; Kafka allows a name to repeat (the last one counts).
-    headers: Sequence[Tuple[str, HeaderValue]] = ()
-    topic: str = ""
-    partition: int = -1
-    offset: int = -1
-
-
-class Outcome(enum.Enum):
-    """What :meth:`MessageProcessor.process` did with a delivery."""
-
-    #: The handler ran and its result is stored.
-    EXECUTED = "executed"
-    #: An earlier delivery ran it: the handler did not run; ``value`` is that run's.
-    DUPLICATE = "duplicate"
-    #: The dead-letter hook was called with ``reason``; the handler did not run, or raised.
-    DEAD_LETTERED = "dead_lettered"
-    #: Nothing decided (another consumer holds the key past ``max_wait``, or idemd is
-    #: unreachable): do not commit; process this message again.
-    RETRY = "retry"
-
-    @property
-    def may_commit(self) -> bool:
-        return self is not Outcome.RETRY
-
-
-@dataclass(frozen=True)
-class Processed:
-    outcome: Outcome
-    key: str
-    #: Why it was dead-lettered or must be retried; "" otherwise.
-    reason: str = ""
-    #: The handler's return value (EXECUTED) or the stored one (DUPLICATE), as JSON gives it back.
-    value: Any = None
-
-    @property
-    def may_commit(self) -> bool:
-        return self.outcome.may_commit
 
 
 class MissingKeyError(IdemdError, ValueError):
@@ -180,6 +148,13 @@ class _Processor:
             return Processed(Outcome.RETRY, key, f"idemd: {error.code.name}" + (f" ({error.reason})" if error.reason else ""))
         raise error
 
+    def _dead_lettered(self, message: Message, processed: Processed) -> Processed:
+        """processed, after the dead-letter hook when it is DEAD_LETTERED (as process() calls it)."""
+        if processed.outcome is Outcome.DEAD_LETTERED:
+            self.dead_letter(message, processed.reason)
+        self._log(processed)
+        return processed
+
     def _log(self, processed: Processed) -> None:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("idemd: message with key %s on %s: %s", key_hash(processed.key), self.endpoint, processed.outcome.value)
@@ -194,10 +169,6 @@ def _taken_over(execution: Execution) -> None:
             f"outcome unknown: attempt {execution.attempt} took over an expired lease; "
             "an earlier attempt may have run the side effect"
         )
-
-
-def _stored(value: Any) -> Response:
-    return Response(200, [("content-type", "application/json")], b"" if value is None else json.dumps(value).encode("utf-8"))
 
 
 class MessageProcessor(_Processor):
@@ -239,6 +210,61 @@ class MessageProcessor(_Processor):
             lease=lease, max_wait=max_wait, ttl=ttl,
         )
         self.client = client
+        self._pool: Optional[_batch._Pool] = None
+        self._pool_lock = threading.Lock()
+
+    def process_batch(
+        self,
+        messages: Sequence[Message],
+        handler: Callable[[Message], Any],
+        *,
+        ordering: Ordering = Ordering.PER_KEY,
+        parallelism: int = DEFAULT_PARALLELISM,
+    ) -> List[Processed]:
+        """:meth:`process` for a whole poll: one :class:`Processed` per message, in ``messages``'
+        order, each meaning exactly what :meth:`process` would have returned for it (the same
+        outcomes, reasons and dead-letter hook calls). The bookkeeping is batched and pipelined:
+        as slots free up (at most ``parallelism`` messages in flight: being claimed, running,
+        being completed), the next messages' keys are claimed in one ClaimBatch; the claimed
+        handlers start the moment the answer arrives, on the thread that received it, one after
+        the other while they are fast, with more runner threads joining as soon as one runs for
+        2 ms (so that slow handlers run side by side, up to ``parallelism``), each with its lease
+        extended while it runs; finished handlers' successes are recorded together with
+        CompleteBatch calls that overlap the next claims. A message whose key an earlier message of the poll
+        has in flight waits until that one is decided (and is then a DUPLICATE).
+
+        ``ordering``: :attr:`Ordering.PER_KEY` (default) runs different keys side by side;
+        :attr:`Ordering.PER_PARTITION` runs each partition's messages one at a time in offset
+        order (the partitions side by side), and once one of them is RETRY every later message
+        of its partition is RETRY too, not run.
+
+        Commit offsets in order: for each partition, up to (not including) its first message
+        that is not ``may_commit``. With PER_KEY a later message of that partition may already
+        have run; redelivered, it is a DUPLICATE.
+
+        The crash bound: a key is claimed only for a free slot, and the claimed handlers are
+        started as soon as their ClaimBatch answers (no other idemd call or message comes in
+        between; a fast handler may wait for the one before it, a few milliseconds at most). A
+        process killed at any point therefore parks as outcome-unknown at most ``parallelism``
+        messages, the claimed ones, whose handlers were started or about to; the rest of the
+        poll was never claimed and runs normally on redelivery.
+
+        The handler and the dead-letter hook run on worker threads, several at once: make them
+        thread-safe. Against a server without ClaimBatch (UNIMPLEMENTED) each message goes
+        through :meth:`process` instead, still up to ``parallelism`` at once. What
+        :meth:`process` would raise (a message without a key, before anything is claimed; a
+        refused token; a dead-letter hook that raised) is raised once nothing is in flight any
+        more; commit nothing of the poll then."""
+        if parallelism < 1:
+            raise ValueError("parallelism must be at least 1")
+        if not isinstance(ordering, Ordering):
+            raise TypeError("ordering must be idemd.Ordering.PER_KEY or PER_PARTITION")
+        if not messages:
+            return []
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = _batch._Pool()
+        return _batch.Batch(self, self._pool, messages, handler, ordering, parallelism).run()
 
     def process(self, message: Message, handler: Callable[[Message], Any]) -> Processed:
         """Runs ``handler(message)`` unless an earlier delivery did or must be
@@ -292,6 +318,34 @@ class AsyncMessageProcessor(_Processor):
             lease=lease, max_wait=max_wait, ttl=ttl,
         )
         self.client = client
+
+    async def process_batch(
+        self,
+        messages: Sequence[Message],
+        handler: Callable[[Message], Union[Any, Awaitable[Any]]],
+        *,
+        ordering: Ordering = Ordering.PER_KEY,
+        parallelism: int = DEFAULT_PARALLELISM,
+    ) -> List[Processed]:
+        """See :meth:`MessageProcessor.process_batch`: the same scheduler, on the event loop. Each
+        claimed handler's task is created as its ClaimBatch answers; a handler that is a plain
+        function runs on the event loop (keep it short, or make it a coroutine function). The
+        dead-letter hook may be called for several messages at once (as tasks)."""
+        if parallelism < 1:
+            raise ValueError("parallelism must be at least 1")
+        if not isinstance(ordering, Ordering):
+            raise TypeError("ordering must be idemd.Ordering.PER_KEY or PER_PARTITION")
+        if not messages:
+            return []
+        return await _batch.AsyncBatch(self, None, messages, handler, ordering, parallelism).run_async()
+
+    async def _dead_lettered_async(self, message: Message, processed: Processed) -> Processed:
+        if processed.outcome is Outcome.DEAD_LETTERED:
+            out = self.dead_letter(message, processed.reason)
+            if inspect.isawaitable(out):
+                await out
+        self._log(processed)
+        return processed
 
     async def process(self, message: Message, handler: Callable[[Message], Union[Any, Awaitable[Any]]]) -> Processed:
         """See :meth:`MessageProcessor.process`."""
