@@ -2,6 +2,8 @@ package idemd
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -32,11 +34,13 @@ type MessageHeader struct {
 	Value []byte
 }
 
-// Header returns the value of the first header named name.
+// Header returns the value of the last header named name, as Kafka's
+// Headers.lastHeader does (and every SDK's helper, so that consumers in
+// different languages derive one key: clients/conformance/consumer-key-v1.json).
 func (m Message) Header(name string) ([]byte, bool) {
-	for _, h := range m.Headers {
-		if h.Key == name {
-			return h.Value, true
+	for i := len(m.Headers) - 1; i >= 0; i-- {
+		if m.Headers[i].Key == name {
+			return m.Headers[i].Value, true
 		}
 	}
 	return nil, false
@@ -75,10 +79,19 @@ func KeyFromHeader(name string) KeyFunc {
 // different languages may share a group). It catches redeliveries of one record
 // (a rebalance, a crash before the offset commit) but not the same payload
 // produced twice: a producer's retry is a new record at a new offset, so it
-// runs again. Prefer KeyFromHeader.
+// runs again. Prefer KeyFromHeader. A topic whose key would pass idemd's 255
+// characters is replaced by "h_" and the first 32 hex digits of its SHA-256.
 func KeyFromPosition(m Message) (string, error) {
+	suffix := "-" + strconv.FormatInt(int64(m.Partition), 10) + "-" + strconv.FormatInt(m.Offset, 10)
 	topic := strings.NewReplacer("_", "__", ".", "_d").Replace(m.Topic)
-	return topic + "-" + strconv.FormatInt(int64(m.Partition), 10) + "-" + strconv.FormatInt(m.Offset, 10), nil
+	if len(topic)+len(suffix) > maxKeyChars {
+		// A topic too long for idemd's 255 characters (Kafka allows 249,
+		// and escaping lengthens it): the first 32 hex digits of its
+		// SHA-256 stand in for it, as in every SDK.
+		digest := sha256.Sum256([]byte(m.Topic))
+		topic = "h_" + hex.EncodeToString(digest[:16])
+	}
+	return topic + suffix, nil
 }
 
 // MessageHandler runs a message's side effect. An error (or a panic) sends
@@ -179,6 +192,9 @@ func NewConsumer(client *Client, endpoint string, key KeyFunc, deadLetter DeadLe
 	opts = append([]ExecuteOption{WithLease(DefaultConsumerLease)}, opts...)
 	return &Consumer{client: client, endpoint: endpoint, key: key, deadLetter: deadLetter, opts: opts}, nil
 }
+
+// maxKeyChars is idemd's longest key.
+const maxKeyChars = 255
 
 // DefaultConsumerLease is the lease a Consumer asks for unless WithLease
 // says otherwise. The helper extends it at half its length while the

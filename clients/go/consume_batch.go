@@ -160,9 +160,10 @@ type batch struct {
 	fallback bool
 	// events: what the goroutines report, run on loop's goroutine.
 	events chan func()
-	// running: handlers started and not yet returned; claiming: ClaimBatch
-	// calls under way; finished: successes waiting for a CompleteBatch.
-	running, claiming int
+	// running: handlers started and not yet returned; claiming, completing:
+	// ClaimBatch and CompleteBatch calls under way; finished: successes
+	// waiting for a CompleteBatch.
+	running, claiming, completing int
 	finished          []*ran
 }
 
@@ -202,7 +203,10 @@ func (b *batch) loop() {
 				b.start(next)
 			}
 		}
-		if len(b.finished) > 0 && (len(b.finished) >= chunk || b.running == 0) {
+		// Finished successes wait only while a CompleteBatch is under way
+		// (they then ride in the next), never behind a slow handler: their
+		// leases are no longer extended (as for ExecuteOnce's Complete).
+		if len(b.finished) > 0 && (len(b.finished) >= chunk || b.running == 0 || b.completing == 0) {
 			b.complete(b.finished)
 			b.finished = nil
 		}
@@ -287,41 +291,33 @@ func (b *batch) start(next []int) {
 	}
 	b.claiming++
 	go func() {
-		results, err := b.claimBatch(claims)
+		results, errs := b.claimBatch(claims)
 		// The handlers start here, not on loop's goroutine: nothing may come
 		// between a granted claim and its handler (the crash bound).
 		started := 0
-		if err == nil {
-			for n, i := range next {
-				if claimed := results[n].GetResponse().GetClaimed(); claimed != nil {
-					claims[n].Endpoint = b.c.endpoint
-					started++
-					go func() {
-						end := b.runOne(b.msgs[i], claims[n], claimed)
-						b.events <- func() { b.handlerDone(i, end) }
-					}()
-				}
+		for n, i := range next {
+			if claimed := results[n].GetResponse().GetClaimed(); errs[n] == nil && claimed != nil {
+				claims[n].Endpoint = b.c.endpoint
+				started++
+				go func() {
+					end := b.runOne(b.msgs[i], claims[n], claimed)
+					b.events <- func() { b.handlerDone(i, end) }
+				}()
 			}
 		}
 		b.events <- func() {
 			b.claiming--
 			b.running += started
-			switch {
-			case status.Code(err) == codes.Unimplemented:
-				b.fallback = true
-				for _, i := range next {
+			for n, i := range next {
+				switch err := errs[n]; {
+				case status.Code(err) == codes.Unimplemented:
+					b.fallback = true
 					b.answerAsync(i, func() Outcome { return b.c.ProcessMessage(b.ctx, b.msgs[i], b.handler) })
-				}
-			case err != nil:
-				for _, i := range next {
+				case err != nil:
 					b.decide(i, Outcome{Action: Retry, Reason: "idemd call failed: " + status.Code(err).String(), Err: err})
-				}
-			default:
-				for n, i := range next {
-					if results[n].GetResponse().GetClaimed() == nil {
-						result := results[n]
-						b.answerAsync(i, func() Outcome { return b.answer(i, result) })
-					}
+				case results[n].GetResponse().GetClaimed() == nil:
+					result := results[n]
+					b.answerAsync(i, func() Outcome { return b.answer(i, result) })
 				}
 			}
 		}
@@ -369,6 +365,7 @@ func (b *batch) handlerDone(i int, end *ran) {
 // complete records finished successes with CompleteBatch, then decides
 // them: Executed, or as ProcessMessage decides a Complete that failed.
 func (b *batch) complete(finished []*ran) {
+	b.completing++
 	go func() {
 		errs := b.completeBatch(finished)
 		outs := make([]Outcome, len(finished))
@@ -380,6 +377,7 @@ func (b *batch) complete(finished []*ran) {
 			outs[n] = b.c.classify(b.ctx, b.msgs[end.index], true, nil, &CompleteError{Response: messageStored, Err: errs[n]})
 		}
 		b.events <- func() {
+			b.completing--
 			for n, end := range finished {
 				b.decide(end.index, outs[n])
 			}
@@ -411,31 +409,37 @@ func (b *batch) claimRequest(i int) *idemdv1.ClaimRequest {
 	return claim
 }
 
-// claimBatch sends claims in chunks of the server's limit, side by side;
-// the first whole-call error wins. A transport error is retried like a
-// single Claim's.
-func (b *batch) claimBatch(claims []*idemdv1.ClaimRequest) ([]*idemdv1.ClaimBatchResult, error) {
+// claimBatch sends claims in chunks of the server's limit, side by side,
+// and returns each claim's result or, when its chunk's call failed, that
+// call's error: a chunk that failed never decides the others, whose keys
+// may be claimed already. A transport error is retried like a single
+// Claim's.
+func (b *batch) claimBatch(claims []*idemdv1.ClaimRequest) ([]*idemdv1.ClaimBatchResult, []error) {
 	results := make([]*idemdv1.ClaimBatchResult, len(claims))
-	errs := make([]error, (len(claims)+maxBatchItems-1)/maxBatchItems)
+	errs := make([]error, len(claims))
 	var wg sync.WaitGroup
-	for chunk := range errs {
-		lo, hi := chunk*maxBatchItems, min((chunk+1)*maxBatchItems, len(claims))
+	for lo := 0; lo < len(claims); lo += maxBatchItems {
+		hi := min(lo+maxBatchItems, len(claims))
 		wg.Go(func() {
 			var resp *idemdv1.ClaimBatchResponse
-			errs[chunk] = b.retryTransport(func(ctx context.Context) (err error) {
+			err := b.retryTransport(func(ctx context.Context) (err error) {
 				resp, err = b.c.client.ClaimBatch(ctx, &idemdv1.ClaimBatchRequest{Endpoint: b.c.endpoint, Claims: claims[lo:hi]})
 				return err
 			})
-			if errs[chunk] == nil && len(resp.GetResults()) != hi-lo {
-				errs[chunk] = status.Errorf(codes.Internal, "idemd: ClaimBatch answered %d results for %d claims", len(resp.GetResults()), hi-lo)
+			if err == nil && len(resp.GetResults()) != hi-lo {
+				err = status.Errorf(codes.Internal, "idemd: ClaimBatch answered %d results for %d claims", len(resp.GetResults()), hi-lo)
 			}
-			if errs[chunk] == nil {
+			if err == nil {
 				copy(results[lo:hi], resp.GetResults())
+				return
+			}
+			for k := lo; k < hi; k++ {
+				errs[k] = err
 			}
 		})
 	}
 	wg.Wait()
-	return results, errors.Join(errs...)
+	return results, errs
 }
 
 // retryTransport retries call after transport errors, as often as a single

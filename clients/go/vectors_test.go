@@ -191,3 +191,56 @@ func TestFingerprintEdgeCases(t *testing.T) {
 		t.Error("length prefixes must keep /ab+c and /a+bc apart")
 	}
 }
+
+// TestConsumerKeyVectors holds the consumer helper's key (from the header,
+// the last one of a repeated name; or from the position) and the
+// fingerprint its claims carry to clients/conformance/consumer-key-v1.json,
+// which every SDK reads: a message one SDK consumed is a duplicate to the
+// others only if they all agree.
+func TestConsumerKeyVectors(t *testing.T) {
+	var file struct {
+		Version   int    `json:"version"`
+		KeyHeader string `json:"key_header"`
+		Vectors   []struct {
+			Name            string      `json:"name"`
+			Topic           string      `json:"topic"`
+			Partition       int32       `json:"partition"`
+			Offset          int64       `json:"offset"`
+			Headers         [][2]string `json:"headers"`
+			ValueHex        string      `json:"value_hex"`
+			Endpoint        string      `json:"endpoint"`
+			KeyFromHeader   *string     `json:"key_from_header"`
+			KeyFromPosition string      `json:"key_from_position"`
+			FingerprintHex  string      `json:"fingerprint_hex"`
+		} `json:"vectors"`
+	}
+	readJSON(t, filepath.Join(testserver.ConformanceDir(), "consumer-key-v1.json"), &file)
+	if file.Version != 1 || len(file.Vectors) == 0 {
+		t.Fatalf("consumer-key-v1.json: version %d, %d vectors", file.Version, len(file.Vectors))
+	}
+	for _, v := range file.Vectors {
+		value, err := hex.DecodeString(v.ValueHex)
+		if err != nil {
+			t.Fatalf("%s: value_hex: %v", v.Name, err)
+		}
+		msg := idemd.Message{Topic: v.Topic, Partition: v.Partition, Offset: v.Offset, Value: value}
+		for _, h := range v.Headers {
+			msg.Headers = append(msg.Headers, idemd.MessageHeader{Key: h[0], Value: []byte(h[1])})
+		}
+		key, err := idemd.KeyFromHeader(file.KeyHeader)(msg)
+		var missing *idemd.MissingKeyError
+		switch {
+		case v.KeyFromHeader == nil && !errors.As(err, &missing):
+			t.Errorf("%s: key from header %q, %v; want a MissingKeyError", v.Name, key, err)
+		case v.KeyFromHeader != nil && (err != nil || key != *v.KeyFromHeader):
+			t.Errorf("%s: key from header %q, %v; want %q", v.Name, key, err, *v.KeyFromHeader)
+		}
+		if key, err := idemd.KeyFromPosition(msg); err != nil || key != v.KeyFromPosition {
+			t.Errorf("%s: key from position %q, %v; want %q", v.Name, key, err, v.KeyFromPosition)
+		}
+		digest, err := idemd.Fingerprint(idemd.HTTPRequest{Method: "CONSUME", Path: v.Endpoint, Body: value})
+		if err != nil || hex.EncodeToString(digest[:]) != v.FingerprintHex {
+			t.Errorf("%s: fingerprint %x, %v; want %s", v.Name, digest, err, v.FingerprintHex)
+		}
+	}
+}

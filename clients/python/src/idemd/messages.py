@@ -26,13 +26,12 @@ The rules (docs/sdk.md, "Consumers"):
 
 from __future__ import annotations
 
-import enum
+import hashlib
 import inspect
 import json
 import logging
 import threading
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Awaitable, Callable, List, Optional, Sequence, Union
 
 from . import _batch
 from . import _executor as ex
@@ -102,7 +101,10 @@ class _Processor:
             topic = message.topic.replace("_", "__").replace(".", "_d")
             key = f"{topic}-{message.partition}-{message.offset}"
             if len(key) > MAX_KEY_CHARS:
-                raise ValueError(f"topic name too long for a position key ({len(key)} > {MAX_KEY_CHARS}): use key_header")
+                # Kafka allows 249 characters and escaping lengthens them: the first 32 hex
+                # digits of the topic's SHA-256 stand in for it, as in every SDK.
+                digest = hashlib.sha256(message.topic.encode("utf-8")).hexdigest()[:32]
+                key = f"h_{digest}-{message.partition}-{message.offset}"
             return key
         found: HeaderValue = None
         for name, value in message.headers:
