@@ -164,7 +164,7 @@ type batch struct {
 	// ClaimBatch and CompleteBatch calls under way; finished: successes
 	// waiting for a CompleteBatch.
 	running, claiming, completing int
-	finished          []*ran
+	finished                      []*ran
 }
 
 func (b *batch) decide(i int, out Outcome) {
