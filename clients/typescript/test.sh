@@ -5,7 +5,9 @@
 # HTTP scenarios and mounted after a body reader, the HTTP example, the consumer project (the
 # README's Install commands on a copy of the files git ships, then a fresh project outside the
 # repository installs the packed tarball and runs a program, and the README's Kafka consumer block)
-# and the message-consumer helper against the shared consumer scenarios, and the proxy matrix
+# and the message-consumer helper against the shared consumer scenarios (in each of the example's
+# --mode values; IDEMD_CONSUMER_MODES narrows them), its processBatch (also
+# against the previous release, IDEMD_PREVIOUS_BIN, for the fallback), and the proxy matrix
 # (test/proxy-matrix.test.ts: both transports through nginx, clients/conformance/proxy-matrix.md,
 # nginx from Debian's packages via scripts/nginx.sh); all of them under
 # scripts/kafka.sh run, which starts a throwaway one-node Kafka broker (jars from Maven Central,
@@ -28,6 +30,9 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 export IDEMD_BIN="${IDEMD_BIN:-$repo/target/debug/idemd}"
+# The previous release (no ClaimBatch): processBatch's fallback test (test/message-batch.test.ts)
+# runs against it (built once and cached by the script).
+export IDEMD_PREVIOUS_BIN="${IDEMD_PREVIOUS_BIN:-$("$repo/scripts/previous-release.sh")}"
 cd "$here"
 
 need_node() {

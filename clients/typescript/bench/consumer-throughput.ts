@@ -1,15 +1,19 @@
 /**
- * Messages per second of the consumer program (examples/kafka-consumer.ts), with the helper and
- * without it (its no-helper mode): one consumer, a fresh 4-partition topic of N messages (each its
- * own key), kafkajs' default fetch. The clock runs from the first side effect to the group's
- * commits reaching the end of every partition, so the group join is not counted. Each message's
- * offset is committed on its own, as the program does: that round trip is in both figures.
+ * Messages per second of the consumer program (examples/kafka-consumer.ts) without the helper (its
+ * no-helper mode) and with it in each of its --mode values: one consumer, a fresh 4-partition
+ * topic of N messages (each its own key), kafkajs' default fetch. The clock runs from the first
+ * side effect to the group's commits reaching the end of every partition, so the group join is not
+ * counted. In no-helper and sequential mode each message's offset is committed on its own, in
+ * pipelined and parallel mode each partition batch's once (as the program does).
  *
  *   IDEMD_TEST_KAFKA_BROKERS=HOST:PORT IDEMD_BIN=target/release/idemd \
  *     node dist/bench/consumer-throughput.js [--messages 10000] [--partitions 4]
  *
- * (bench/consumer.sh runs it under scripts/kafka.sh run.) Prints one line per mode:
- * `consumer throughput: helper on, 10000 messages, 4 partitions: X s, Y msg/s`.
+ * IDEMD_CONSUMER_BENCH_MODES: the helper's modes to measure (default "parallel pipelined
+ * sequential"; no-helper always runs first); IDEMD_CONSUMER_BENCH_RUNS: rounds of all of them
+ * (default 3); IDEMD_CONSUMER_BENCH_PARALLELISM: the program's --parallelism.
+ * (bench/consumer.sh runs it under scripts/kafka.sh run.) Prints one line per run and mode:
+ * `consumer throughput: run 1, parallel, 10000 messages, 4 partitions: X s, Y msg/s`.
  */
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
@@ -20,11 +24,16 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";
 import { Kafka, logLevel, Partitioners } from "kafkajs";
 import { startIdemd } from "../test/support/idemd";
+import { createTopic } from "../test/support/kafka-scenarios";
 
 const { values: flags } = parseArgs({
   options: { messages: { type: "string", default: "10000" }, partitions: { type: "string", default: "4" } },
 });
 const total = Number(flags.messages);
+const modes = (process.env.IDEMD_CONSUMER_BENCH_MODES ?? "").split(/\s+/).filter((mode) => mode !== "");
+if (modes.length === 0) modes.push("parallel", "pipelined", "sequential");
+const runs = Number(process.env.IDEMD_CONSUMER_BENCH_RUNS) > 0 ? Number(process.env.IDEMD_CONSUMER_BENCH_RUNS) : 3;
+const parallelism = process.env.IDEMD_CONSUMER_BENCH_PARALLELISM;
 const partitions = Number(flags.partitions);
 const brokers = process.env.IDEMD_TEST_KAFKA_BROKERS;
 if (!brokers) throw new Error("IDEMD_TEST_KAFKA_BROKERS is unset: run under scripts/kafka.sh run --");
@@ -38,13 +47,14 @@ function lines(file: string): number {
   return count;
 }
 
-async function measure(helper: boolean, idemdAddress: string): Promise<void> {
+/** One run in `mode`: "no-helper" or the program's --mode. */
+async function measure(run: number, mode: string, idemdAddress: string): Promise<void> {
   const admin = kafka.admin();
   await admin.connect();
   const topic = `bench-${randomBytes(4).toString("hex")}`;
   const dir = mkdtempSync(path.join(tmpdir(), "idemd-ts-bench-"));
   try {
-    await admin.createTopics({ topics: [{ topic, numPartitions: partitions }], waitForLeaders: true });
+    await createTopic(admin, topic, partitions);
     const producer = kafka.producer({ createPartitioner: Partitioners.DefaultPartitioner });
     await producer.connect();
     for (let start = 1; start <= total; start += 1000) {
@@ -63,7 +73,11 @@ async function measure(helper: boolean, idemdAddress: string): Promise<void> {
     const ledger = path.join(dir, "ledger.txt");
     const args = [program, "--brokers", brokers!, "--topic", topic, "--group", `${topic}-group`, "--idemd", idemdAddress,
       "--token", "conformance-token-alice-3f9a", "--ledger", ledger, "--dead-letters", path.join(dir, "dead-letters.jsonl")];
-    if (!helper) args.push("--no-helper");
+    if (mode === "no-helper") args.push("--no-helper");
+    else {
+      args.push("--mode", mode);
+      if (parallelism) args.push("--parallelism", parallelism);
+    }
     const child = spawn(process.execPath, args, { stdio: ["ignore", "ignore", "inherit"] });
     let started = 0;
     try {
@@ -84,7 +98,7 @@ async function measure(helper: boolean, idemdAddress: string): Promise<void> {
       child.kill("SIGTERM");
     }
     const seconds = (performance.now() - started) / 1000;
-    console.log(`consumer throughput: helper ${helper ? "on" : "off"}, ${total} messages, ${partitions} partitions: ` +
+    console.log(`consumer throughput: run ${run}, ${mode}, ${total} messages, ${partitions} partitions: ` +
       `${seconds.toFixed(2)} s, ${Math.round(total / seconds)} msg/s`);
   } finally {
     await admin.deleteTopics({ topics: [topic] }).catch(() => undefined);
@@ -96,8 +110,9 @@ async function measure(helper: boolean, idemdAddress: string): Promise<void> {
 async function main(): Promise<void> {
   const idemd = await startIdemd();
   try {
-    await measure(false, idemd.address);
-    await measure(true, idemd.address);
+    for (let run = 1; run <= runs; run++) {
+      for (const mode of ["no-helper", ...modes]) await measure(run, mode, idemd.address);
+    }
   } finally {
     await idemd.stop();
   }

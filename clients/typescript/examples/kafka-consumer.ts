@@ -14,7 +14,16 @@
  * Flags (the scenario settings of consumer-scenarios.md): --brokers (comma-separated), --topic,
  * --group, --idemd, --token, --endpoint (default `kafka:<topic>`), --key-header (default
  * `idempotency-key`), --lease-ms, --max-wait-ms, --handler-ms, --ledger, --dead-letters,
- * --kill-in-handler-after N, --kill-after N, --no-helper.
+ * --kill-in-handler-after N, --kill-after N, --no-helper, --mode, --parallelism.
+ *
+ * --mode: `sequential` (the default; the scenarios rely on it): one message in hand, through the
+ * per-message processor. `pipelined` and `parallel`: each poll (the partition batches kafkajs
+ * hands over together) goes to `processBatch` whole, with `per_partition` ordering (each partition
+ * in offset order, partitions side by side) or `per_key` ordering (keys side by side), at most
+ * --parallelism messages in flight (default the helper's, 256); the messages it says to retry are
+ * processed again in place after a pause, and each partition is committed up to its first
+ * message still undecided. A crash then leaves outcome-unknown only messages whose handler had
+ * started, at most --parallelism of them.
  *
  * The message value is `{"n": N, "poison": bool, "amount": 100}`; the handler throws
  * `poison message N` for a poison one, else sleeps --handler-ms and appends `N\n` to the ledger.
@@ -23,7 +32,7 @@ import { closeSync, openSync, writeSync } from "node:fs";
 import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";
 import { Kafka, logLevel, type KafkaMessage } from "kafkajs";
-import { IdemdClient, onceConsumer, Outcome, type ConsumedMessage, type Processed } from "../src";
+import { IdemdClient, onceConsumer, Ordering, Outcome, type BatchOptions, type ConsumedMessage, type Processed } from "../src";
 
 const { values: flags } = parseArgs({
   options: {
@@ -42,6 +51,8 @@ const { values: flags } = parseArgs({
     "kill-in-handler-after": { type: "string" },
     "kill-after": { type: "string" },
     "no-helper": { type: "boolean", default: false },
+    mode: { type: "string", default: "sequential" },
+    parallelism: { type: "string" },
   },
 });
 function required(name: "brokers" | "topic" | "group" | "ledger" | "dead-letters"): string {
@@ -52,6 +63,14 @@ function required(name: "brokers" | "topic" | "group" | "ledger" | "dead-letters
 const optionalNumber = (text: string | undefined): number | undefined => (text === undefined ? undefined : Number(text));
 
 const topic = required("topic");
+const mode = flags.mode!;
+if (mode !== "sequential" && mode !== "pipelined" && mode !== "parallel") {
+  throw new Error("kafka-consumer: --mode is sequential, pipelined or parallel");
+}
+const batchOptions: BatchOptions = {
+  ordering: mode === "pipelined" ? Ordering.PER_PARTITION : Ordering.PER_KEY,
+  parallelism: optionalNumber(flags.parallelism),
+};
 const handlerMs = Number(flags["handler-ms"]);
 const killInHandlerAfter = optionalNumber(flags["kill-in-handler-after"]);
 const killAfter = optionalNumber(flags["kill-after"]);
@@ -121,6 +140,34 @@ async function main(): Promise<void> {
   });
   await consumer.connect();
   await consumer.subscribe({ topic, fromBeginning: true });
+  if (mode !== "sequential" && !flags["no-helper"]) {
+    await consumer.run({
+      autoCommit: false,
+      eachBatchAutoResolve: false,
+      // Every partition of a fetch at once, so that one poll's batches meet in processBatch.
+      partitionsConsumedConcurrently: 1_000,
+      eachBatch: async ({ batch, resolveOffset, heartbeat }) => {
+        const keepalive = setInterval(() => heartbeat().catch(() => undefined), 1_000);
+        let decided: number;
+        try {
+          decided = await poll.add(batch.messages.map((m) => toConsumedMessage(batch.topic, batch.partition, m)));
+        } finally {
+          clearInterval(keepalive);
+        }
+        // Committed up to the first message not decided (on shutdown only: retries are done in
+        // place); that one and the rest come again, here or at the partition's next owner.
+        if (decided > 0) {
+          const last = batch.messages[decided - 1]!;
+          resolveOffset(last.offset);
+          await commit(batch.topic, batch.partition, (BigInt(last.offset) + 1n).toString());
+        }
+        if (decided < batch.messages.length) {
+          consumer.seek({ topic: batch.topic, partition: batch.partition, offset: batch.messages[decided]!.offset });
+        }
+      },
+    });
+    return;
+  }
   await consumer.run({
     autoCommit: false,
     eachMessage: async ({ topic, partition, message, heartbeat }) => {
@@ -141,16 +188,84 @@ async function main(): Promise<void> {
       }
       if (result.outcome === Outcome.EXECUTED && orderOf(delivered).n === killAfter) process.kill(process.pid, "SIGKILL");
       const next = (BigInt(message.offset) + 1n).toString();
-      try {
-        await consumer.commitOffsets([{ topic, partition, offset: next }]);
-      } catch (err) {
-        // A rebalance took the partition (the next owner gets the message again and the helper
-        // replays it), or the broker is away: deliver it again here.
-        process.stderr.write(`kafka-consumer: commit of ${topic}/${partition}@${next} failed: ${String(err)}\n`);
-        consumer.seek({ topic, partition, offset: message.offset });
-      }
+      if (!(await commit(topic, partition, next))) consumer.seek({ topic, partition, offset: message.offset });
     },
   });
+}
+
+/** Commits `offset` (the next message's); false if that failed. */
+async function commit(topic: string, partition: number, offset: string): Promise<boolean> {
+  try {
+    await consumer.commitOffsets([{ topic, partition, offset }]);
+    return true;
+  } catch (err) {
+    // A rebalance took the partition (the next owner gets the messages again and the helper
+    // replays them), or the broker is away: deliver them again here.
+    process.stderr.write(`kafka-consumer: commit of ${topic}/${partition}@${offset} failed: ${String(err)}\n`);
+    return false;
+  }
+}
+
+/**
+ * The pipelined and parallel modes' poll: the partition batches kafkajs hands over together
+ * (eachBatch, all partitions at once) are gathered for one turn of the event loop and processed
+ * as one poll. `add` resolves to how many of its messages are decided (a prefix: all of them,
+ * unless shutdown came while some were to be retried).
+ */
+const poll = {
+  pending: [] as Array<{ messages: ConsumedMessage[]; done: (decided: number) => void; fail: (err: unknown) => void }>,
+  add(messages: ConsumedMessage[]): Promise<number> {
+    return new Promise<number>((done, fail) => {
+      if (this.pending.length === 0) setImmediate(() => this.flush());
+      this.pending.push({ messages, done, fail });
+    });
+  },
+  flush(): void {
+    const entries = this.pending;
+    this.pending = [];
+    processPoll(entries.flatMap((entry) => entry.messages)).then((decided) => {
+      let at = 0;
+      for (const entry of entries) {
+        const mine = decided.slice(at, at + entry.messages.length);
+        at += entry.messages.length;
+        const first = mine.indexOf(false);
+        entry.done(first < 0 ? mine.length : first);
+      }
+    }, (err: unknown) => entries.forEach((entry) => entry.fail(err)));
+  },
+};
+
+/**
+ * Hands the whole poll to processBatch, then the messages it says to retry again (after a
+ * pause) until each is decided or shutdown comes; returns which messages are decided. With
+ * --kill-after N: SIGKILL once message N is reported executed, before any commit.
+ */
+async function processPoll(messages: ConsumedMessage[]): Promise<boolean[]> {
+  const decided = new Array<boolean>(messages.length).fill(false);
+  let undecided = messages.map((_, i) => i);
+  let pause = 100;
+  while (undecided.length > 0) {
+    const results = await processOnce.processBatch(undecided.map((i) => messages[i]!), batchOptions);
+    const again: number[] = [];
+    let reason: unknown;
+    undecided.forEach((i, n) => {
+      const result = results[n]!;
+      count(result);
+      if (!result.mayCommit) {
+        reason ??= result.error;
+        again.push(i);
+        return;
+      }
+      decided[i] = true;
+      if (result.outcome === Outcome.EXECUTED && orderOf(messages[i]!).n === killAfter) process.kill(process.pid, "SIGKILL");
+    });
+    undecided = again;
+    if (undecided.length === 0 || stopping) break;
+    process.stderr.write(`kafka-consumer: retrying ${undecided.length} messages: ${String(reason)}\n`);
+    await sleep(pause);
+    pause = Math.min(2 * pause, 2_000);
+  }
+  return decided;
 }
 
 function toConsumedMessage(topic: string, partition: number, message: KafkaMessage): ConsumedMessage {

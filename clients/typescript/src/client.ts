@@ -13,7 +13,11 @@ import { RpcError } from "./errors";
 import { Http2Transport, parseTarget, proxyFor } from "./transport";
 import { executeOnce, type ExecuteOnceOptions, type ExecuteResult } from "./executor";
 import {
+  ClaimBatchRequest,
+  ClaimBatchResponse,
   ClaimRequest,
+  CompleteBatchRequest,
+  CompleteBatchResponse,
   CompleteRequest,
   ExtendLeaseRequest,
   FailRequest,
@@ -203,6 +207,24 @@ export class IdemdClient implements ExecutorClient {
     const message = ExtendLeaseRequest.fromPartial(request);
     if (this.http2) return this.call(IdempotencyService.extendLease.path, ExtendLeaseRequest, ExtendLeaseResponse, message, options);
     return this.unary(options, (md, co, cb) => this.raw.extendLease(message, md, co, cb));
+  }
+
+  /**
+   * Claim for up to 500 keys of one endpoint in one call (an item's empty endpoint is the
+   * batch's); each item is answered as {@link IdemdClient.claim} would answer it alone (a
+   * response or an item error), in order. `UNIMPLEMENTED` from a server older than this RPC.
+   */
+  claimBatch(request: DeepPartial<ClaimBatchRequest>, options?: CallOptions): Promise<ClaimBatchResponse> {
+    const message = ClaimBatchRequest.fromPartial(request);
+    if (this.http2) return this.call(IdempotencyService.claimBatch.path, ClaimBatchRequest, ClaimBatchResponse, message, options);
+    return this.unary(options, (md, co, cb) => this.raw.claimBatch(message, md, co, cb));
+  }
+
+  /** Complete for up to 500 claimed keys of one endpoint in one call, answered per item, in order. */
+  completeBatch(request: DeepPartial<CompleteBatchRequest>, options?: CallOptions): Promise<CompleteBatchResponse> {
+    const message = CompleteBatchRequest.fromPartial(request);
+    if (this.http2) return this.call(IdempotencyService.completeBatch.path, CompleteBatchRequest, CompleteBatchResponse, message, options);
+    return this.unary(options, (md, co, cb) => this.raw.completeBatch(message, md, co, cb));
   }
 
   /** Reads one record (`NOT_FOUND` when absent or expired). */

@@ -305,8 +305,8 @@ async function runClaimed(
   return { response: toHttpResponse(stored), replayed: false, attempt: claimed.attempt };
 }
 
-/** Extends the lease at half its length while the handler runs. */
-class LeaseKeeper {
+/** Extends the lease at half its length while the handler runs (the consumer helper's batches use it too). */
+export class LeaseKeeper {
   private timer: NodeJS.Timeout | undefined;
   private stopped = false;
   /** When the lease ends by the local clock (measured from before the call that set it). */
@@ -361,7 +361,7 @@ class LeaseKeeper {
  * `call`, again on a transport error, at most `retries` times, or, with `until`, as often as it
  * takes until that time (a lease's end) once those are spent.
  */
-async function withTransportRetries<T>(
+export async function withTransportRetries<T>(
   retries: number,
   signal: AbortSignal | undefined,
   call: () => Promise<T>,
@@ -382,7 +382,7 @@ async function withTransportRetries<T>(
   }
 }
 
-async function quietly(promise: Promise<unknown>): Promise<void> {
+export async function quietly(promise: Promise<unknown>): Promise<void> {
   try {
     await promise;
   } catch {
@@ -391,7 +391,7 @@ async function quietly(promise: Promise<unknown>): Promise<void> {
   }
 }
 
-function errorText(err: unknown): string {
+export function errorText(err: unknown): string {
   if (err instanceof Error) return err.message || err.name;
   return String(err);
 }
@@ -430,7 +430,7 @@ export function failReason(err: unknown): string {
 }
 
 /** At most 1024 bytes of UTF-8 (the server's limit on a reason), cut on a character boundary. */
-function capReason(text: string): string {
+export function capReason(text: string): string {
   const bytes = Buffer.from(text, "utf8");
   if (bytes.length <= MAX_REASON_BYTES) return text;
   let end = MAX_REASON_BYTES;
@@ -479,11 +479,11 @@ function toHttpResponse(response: StoredResponse | undefined): HttpResponse {
   };
 }
 
-function stateName(state: State): string {
+export function stateName(state: State): string {
   return stateToJSON(state).replace(/^STATE_/, "");
 }
 
-function optionalDuration(ms: number | undefined): Duration | undefined {
+export function optionalDuration(ms: number | undefined): Duration | undefined {
   return ms === undefined ? undefined : toDuration(ms);
 }
 

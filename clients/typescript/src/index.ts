@@ -45,14 +45,16 @@ export { idempotency, idempotencyErrors } from "./express";
 export { idempotencyPlugin } from "./fastify";
 export type { FastifyIdempotencyOptions } from "./fastify";
 export { withIdempotency } from "./fetch";
-export { MissingKeyError, messageKey, onceConsumer, Outcome } from "./message-consumer";
+export { DEFAULT_PARALLELISM, MissingKeyError, messageKey, onceConsumer, Ordering, Outcome } from "./message-consumer";
 export type {
+  BatchOptions,
   ConsumedMessage,
   DeadLetter,
   DeadLetterKind,
   KeySource,
   MessageHandler,
   MessageHeaderValue,
+  MessageProcessor,
   OnceConsumerOptions,
   Processed,
 } from "./message-consumer";

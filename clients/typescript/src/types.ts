@@ -5,7 +5,11 @@
  */
 import type { Metadata } from "@grpc/grpc-js";
 import type {
+  ClaimBatchRequest,
+  ClaimBatchResponse,
   ClaimRequest,
+  CompleteBatchRequest,
+  CompleteBatchResponse,
   ClaimResponse,
   CompleteRequest,
   CompleteResponse,
@@ -37,4 +41,7 @@ export interface ExecutorClient {
   complete(request: DeepPartial<CompleteRequest>, options?: CallOptions): Promise<CompleteResponse>;
   fail(request: DeepPartial<FailRequest>, options?: CallOptions): Promise<FailResponse>;
   extendLease(request: DeepPartial<ExtendLeaseRequest>, options?: CallOptions): Promise<ExtendLeaseResponse>;
+  /** The batch RPCs of the consumer helper's `processBatch`; without them it processes message by message. */
+  claimBatch?(request: DeepPartial<ClaimBatchRequest>, options?: CallOptions): Promise<ClaimBatchResponse>;
+  completeBatch?(request: DeepPartial<CompleteBatchRequest>, options?: CallOptions): Promise<CompleteBatchResponse>;
 }

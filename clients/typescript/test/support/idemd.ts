@@ -33,10 +33,12 @@ export interface StartOptions {
   listen?: string;
   /** More server arguments, appended after the standard ones (e.g. the TLS test's `--tls-*`). */
   extraArgs?: string[];
+  /** Another binary than IDEMD_BIN's (e.g. the previous release, IDEMD_PREVIOUS_BIN). */
+  bin?: string;
 }
 
 export async function startIdemd(options: StartOptions = {}): Promise<IdemdServer> {
-  const bin = idemdBinary();
+  const bin = options.bin ?? idemdBinary();
   if (!existsSync(bin)) {
     throw new Error(`idemd binary not found at ${bin}: build it (cargo build) or set IDEMD_BIN`);
   }
