@@ -201,7 +201,7 @@ const maxKeyChars = 255
 // handler runs, so a slow handler keeps its key; what the short lease buys
 // is the stall after a consumer dies inside a handler: the message's next
 // delivery waits at most this long (not the endpoint policy's default,
-// often 30 s) before it is dead-lettered as outcome unknown.
+// 60 s unless configured) before it is dead-lettered as outcome unknown.
 const DefaultConsumerLease = 5 * time.Second
 
 // errTakenOver is the recorded reason when a claim comes back with attempt

@@ -6,6 +6,7 @@ package idemd_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -307,5 +308,42 @@ func TestKeyFromPosition(t *testing.T) {
 	key, err := idemd.KeyFromPosition(message("ignored", ""))
 	if err != nil || key != "payments-1-7" {
 		t.Fatalf("%q %v", key, err)
+	}
+}
+
+// A consumer asks for DefaultConsumerLease, not the endpoint policy's lease
+// (10 s in the conformance idemd.toml), in ProcessMessage and ProcessBatch
+// alike: a consumer killed inside its handler holds the redelivered message
+// (its partition) about that long (issue 52).
+func TestConsumerAsksForItsDefaultLease(t *testing.T) {
+	t.Parallel()
+	c := newClient(t)
+	consumer, _ := newConsumer(t, c, messagesEndpoint)
+	var mu sync.Mutex
+	var left []time.Duration
+	handler := func(ctx context.Context, msg idemd.Message, _ idemd.Execution) error {
+		key, _ := msg.Header("idempotency-key")
+		resp, err := c.Lookup(ctx, &idemdv1.LookupRequest{Endpoint: messagesEndpoint, Key: string(key)})
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		left = append(left, time.Until(resp.GetRecord().GetLeaseExpiresAt().AsTime()))
+		return nil
+	}
+	expectAction(t, "ProcessMessage", consumer.ProcessMessage(context.Background(), message(newKey(t), `{"n":1}`), handler), idemd.Executed)
+	batch := []idemd.Message{message(newKey(t), `{"n":2}`), message(newKey(t), `{"n":3}`)}
+	for i, out := range consumer.ProcessBatch(context.Background(), batch, handler, idemd.BatchOptions{}) {
+		expectAction(t, fmt.Sprintf("ProcessBatch message %d", i), out, idemd.Executed)
+	}
+	if len(left) != 3 {
+		t.Fatalf("the handler saw %d leases, want 3", len(left))
+	}
+	for _, d := range left {
+		// Just claimed: about the whole lease left (the clock is the same one).
+		if d <= idemd.DefaultConsumerLease-2*time.Second || d > idemd.DefaultConsumerLease+200*time.Millisecond {
+			t.Fatalf("a handler's lease had %v left, want about DefaultConsumerLease (%v): %v", d, idemd.DefaultConsumerLease, left)
+		}
 	}
 }

@@ -52,7 +52,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--token", default=os.environ.get("IDEMD_TOKEN"), help="tenant token (default $IDEMD_TOKEN)")
     p.add_argument("--endpoint", help="idemd endpoint (default kafka:<topic>)")
     p.add_argument("--key-header", default="idempotency-key")
-    p.add_argument("--lease", type=float, default=10.0, help="seconds")
+    p.add_argument("--lease", type=float, default=idemd.DEFAULT_LEASE, help="seconds (default: the SDK's)")
     p.add_argument("--handler-ms", type=int, default=0, help="the handler sleeps this long before its side effect")
     p.add_argument("--ledger", required=True, help="the side effect appends '<n>\\n' here")
     p.add_argument("--dead-letters", required=True, help="the dead-letter hook appends a JSON line here")

@@ -105,7 +105,8 @@ def play(scenario: dict, index: int, kafka: KafkaClients, server: Server, tmp: P
          mode: str = "sequential") -> Played:
     partitions = scenario.get("partitions", DEFAULTS["partitions"])
     key_header = scenario.get("key_header", DEFAULTS["key_header"])
-    lease = seconds(scenario.get("lease", DEFAULTS["lease"]))
+    # Without a lease the program passes none: the processor's default, idemd.DEFAULT_LEASE.
+    lease = scenario.get("lease", DEFAULTS.get("lease"))
     handler_ms = scenario.get("handler_ms", DEFAULTS["handler_ms"])
     run = f"{RUN_PREFIX}{'n' if no_helper else mode[:3]}"
     topic, group, prefix = f"consumer-{run}-{index}", f"group-{run}-{index}", secrets.token_hex(6)
@@ -119,8 +120,10 @@ def play(scenario: dict, index: int, kafka: KafkaClients, server: Server, tmp: P
 
     def start(entry: dict, number: int) -> Process:
         args = [sys.executable, str(PROGRAM), "--brokers", brokers, "--topic", topic, "--group", group,
-                "--idemd", server.address, "--key-header", key_header, "--lease", str(lease),
+                "--idemd", server.address, "--key-header", key_header,
                 "--handler-ms", str(handler_ms), "--ledger", str(ledger), "--dead-letters", str(dead_file)]
+        if lease is not None:
+            args += ["--lease", str(seconds(lease))]
         for flag in ("kill_in_handler_after_side_effect_of", "kill_after_side_effect_of"):
             if flag in entry:
                 args += ["--" + flag.replace("_", "-"), str(entry[flag])]

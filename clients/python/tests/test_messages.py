@@ -230,3 +230,34 @@ def test_the_async_processor_has_the_same_outcomes(server: Server) -> None:
     assert [o.outcome for o in outcomes] == [Outcome.EXECUTED, Outcome.DUPLICATE, Outcome.DEAD_LETTERED]
     assert outcomes[1].value == {"charged": 1} and outcomes[2].reason == "ZeroDivisionError: division by zero"
     assert len(seen.runs) == 1 and [r for _, r in seen.dead] == [outcomes[2].reason]
+
+
+def test_the_default_lease_is_the_consumer_default_not_the_policys(server: Server, alice: idemd.Client) -> None:
+    """MessageProcessor and AsyncMessageProcessor ask for idemd.DEFAULT_LEASE (5 s), not the
+    endpoint policy's lease (10 s in the conformance idemd.toml), in process and process_batch
+    alike: a consumer killed inside its handler holds the redelivered message about that long
+    (issue 52)."""
+    left: List[float] = []
+
+    def remaining(message: Message) -> None:
+        key = dict(message.headers)["idempotency-key"].decode()
+        expires = alice.lookup(pb.LookupRequest(endpoint="kafka:test", key=key)).record.lease_expires_at
+        left.append(expires.seconds + expires.nanos / 1e9 - time.time())
+
+    seen = Recorder()
+    helper = processor(alice, seen)
+    assert helper.process(message(new_key()), remaining).outcome is Outcome.EXECUTED
+    outs = helper.process_batch([message(new_key()), message(new_key())], remaining)
+    assert [o.outcome for o in outs] == [Outcome.EXECUTED] * 2
+
+    async def main() -> list:
+        async with AsyncClient(server.address, token=CREDENTIALS["alice"], insecure=True) as client:
+            helper = idemd.AsyncMessageProcessor(client, "kafka:test", key_header="idempotency-key",
+                                                 dead_letter=seen.dead_letter)
+            return [await helper.process(message(new_key()), remaining)] + \
+                await helper.process_batch([message(new_key())], remaining)
+
+    assert [o.outcome for o in asyncio.run(main())] == [Outcome.EXECUTED] * 2
+    assert len(left) == 5, left
+    # Just claimed: about the whole lease left (the clock is the same one).
+    assert all(idemd.DEFAULT_LEASE - 2 < d <= idemd.DEFAULT_LEASE + 0.2 for d in left), left

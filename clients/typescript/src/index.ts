@@ -45,7 +45,7 @@ export { idempotency, idempotencyErrors } from "./express";
 export { idempotencyPlugin } from "./fastify";
 export type { FastifyIdempotencyOptions } from "./fastify";
 export { withIdempotency } from "./fetch";
-export { DEFAULT_PARALLELISM, MissingKeyError, messageKey, onceConsumer, Ordering, Outcome } from "./message-consumer";
+export { DEFAULT_CONSUMER_LEASE_MS, DEFAULT_PARALLELISM, MissingKeyError, messageKey, onceConsumer, Ordering, Outcome } from "./message-consumer";
 export type {
   BatchOptions,
   ConsumedMessage,

@@ -132,7 +132,10 @@ export interface OnceConsumerOptions {
    * keyed by {@link DeadLetter.key}. If it throws, the outcome is `retry`.
    */
   deadLetter: (letter: DeadLetter) => Promise<void> | void;
-  /** Lease to request, in milliseconds (default: the endpoint policy's); extended while the handler runs. */
+  /**
+   * Lease to request, in milliseconds (default {@link DEFAULT_CONSUMER_LEASE_MS}, 5 s); extended at
+   * half while the handler runs.
+   */
   leaseMs?: number;
   /** How long a duplicate waits for another consumer that holds its key, in milliseconds (default 5000). */
   maxWaitMs?: number;
@@ -160,6 +163,14 @@ const TRANSIENT = new Set<GrpcStatus>([
 ]);
 const MAX_KEY_LENGTH = 255;
 const DEFAULT_MAX_WAIT_MS = 5_000;
+
+/**
+ * The lease a consumer asks for unless `leaseMs` says otherwise: kept alive at half while the
+ * handler runs, so a slow handler keeps its key, and a consumer killed inside one holds the
+ * redelivered message (its partition) at most this long rather than the endpoint policy's default
+ * lease (60 s unless configured, sized for HTTP clients that retry seconds apart). Issue 52.
+ */
+export const DEFAULT_CONSUMER_LEASE_MS = 5_000;
 
 /** Thrown inside the executor's handler so that a takeover is recorded as unknown, not run. */
 class TakenOver extends Error {
@@ -282,7 +293,7 @@ async function processOnce(
       // path the endpoint, the value's bytes, no content type (no JSON canonicalization).
       request: { method: "CONSUME", path: options.endpoint, body: value },
       fingerprint: "local",
-      leaseMs: options.leaseMs,
+      leaseMs: options.leaseMs ?? DEFAULT_CONSUMER_LEASE_MS,
       ttlMs: options.ttlMs,
       maxWaitMs: options.maxWaitMs ?? DEFAULT_MAX_WAIT_MS,
       transportRetries: options.transportRetries,
@@ -639,7 +650,7 @@ class Batch {
     return {
       key: this.keys[i]!,
       attemptId: randomBytes(16).toString("base64url"),
-      lease: optionalDuration(this.options.leaseMs),
+      lease: optionalDuration(this.options.leaseMs ?? DEFAULT_CONSUMER_LEASE_MS),
       ttl: optionalDuration(this.options.ttlMs),
       sha256: fingerprintV1({ method: "CONSUME", path: endpoint, body: this.values[i]! }),
     };
@@ -660,8 +671,8 @@ class Batch {
   private async runClaimed(i: number, key: string, claimed: Claimed): Promise<void> {
     const { endpoint } = this.options;
     const fenced = { endpoint, key, leaseToken: claimed.leaseToken };
-    const leaseMs =
-      this.options.leaseMs ?? Math.max(1_000, (claimed.leaseExpiresAt?.getTime() ?? Date.now() + 60_000) - Date.now());
+    // The lease asked for (every claim asks for one: the option or the consumer default).
+    const leaseMs = this.options.leaseMs ?? DEFAULT_CONSUMER_LEASE_MS;
     const lost = new AbortController();
     const keeper = new LeaseKeeper(this.client, fenced, leaseMs, lost);
     keeper.start();

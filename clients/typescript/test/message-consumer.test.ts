@@ -4,6 +4,7 @@ import { randomBytes, randomUUID } from "node:crypto";
 import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import {
+  DEFAULT_CONSUMER_LEASE_MS,
   fingerprintV1,
   IdemdClient,
   MissingKeyError,
@@ -154,6 +155,26 @@ describe("onceConsumer against a live idemd", () => {
     const duplicate = await process(message(key));
     assert.deepEqual([(await holder).outcome, duplicate.outcome, runs], [Outcome.EXECUTED, Outcome.DUPLICATE, 1]);
     assert.deepEqual(letters, []);
+  });
+
+  test("the lease asked for is DEFAULT_CONSUMER_LEASE_MS, not the policy's, alone and in a batch", async () => {
+    // The conformance idemd.toml's default lease is 10 s: a consumer killed inside its handler
+    // would hold the redelivered message that long; the consumer default is 5 s (issue 52).
+    letters = [];
+    const left: number[] = [];
+    const process = onceConsumer(client, options())(async (message) => {
+      const key = String(message.headers!["idempotency-key"]);
+      const looked = await client.lookup({ endpoint: ENDPOINT, key });
+      left.push(looked.record!.leaseExpiresAt!.getTime() - Date.now());
+    });
+    assert.equal((await process(message(randomUUID()))).outcome, Outcome.EXECUTED);
+    const outs = await process.processBatch([message(randomUUID()), message(randomUUID())]);
+    assert.deepEqual(outs.map((o) => o.outcome), [Outcome.EXECUTED, Outcome.EXECUTED]);
+    assert.equal(left.length, 3, String(left));
+    for (const ms of left) {
+      // Just claimed: about the whole lease left (the clock is the same one).
+      assert.ok(ms > DEFAULT_CONSUMER_LEASE_MS - 2_000 && ms <= DEFAULT_CONSUMER_LEASE_MS + 200, `leases left: ${left}`);
+    }
   });
 
   test("a duplicate whose holder does not finish within maxWait is to be retried, not committed", async () => {

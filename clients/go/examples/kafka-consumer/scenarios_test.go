@@ -144,6 +144,11 @@ var buildConsumer = sync.OnceValues(func() (string, error) {
 	return exe, nil
 })
 
+// stallBound is how much longer than without the helper a consumer killed
+// inside its handler may hold its partition with the helper's defaults
+// (issue 52: at most about DefaultConsumerLease).
+const stallBound = 5 * time.Second
+
 // scenarioParallelism is the program's -parallelism in the pipelined and
 // parallel modes.
 const scenarioParallelism = 4
@@ -176,7 +181,7 @@ func playAll(t *testing.T, env *env, file consumerFile, mode string) {
 				// claiming more than its window would show (the crash bound).
 				settings.Parallelism = scenarioParallelism
 			}
-			problems, err := env.play(t, i, s, settings, false)
+			problems, stall, err := env.play(t, i, s, settings, false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -189,7 +194,7 @@ func playAll(t *testing.T, env *env, file consumerFile, mode string) {
 			}
 			withHelper := time.Since(started)
 			started = time.Now()
-			problems, err = env.play(t, i, s, settings, true)
+			problems, bareStall, err := env.play(t, i, s, settings, true)
 			if err != nil {
 				t.Fatalf("negative control: %v", err)
 			}
@@ -200,6 +205,19 @@ func playAll(t *testing.T, env *env, file consumerFile, mode string) {
 				without.Round(time.Millisecond), withHelper.Seconds()/without.Seconds())
 			if withHelper.Seconds() > 1.3*without.Seconds() {
 				t.Errorf("the helper made the scenario %.2fx slower (bound 1.3x)", withHelper.Seconds()/without.Seconds())
+			}
+			// A kill inside a handler: the partition waits for the group to
+			// notice (the session timeout, as without the helper), then for
+			// the dead consumer's lease: with the defaults (5 s, extended at
+			// half) that wait is over by the time the group has noticed.
+			if stall > 0 || bareStall > 0 {
+				t.Logf("partition stalled %v after the kill with the helper, %v without (the group's session timeout); the helper's share %v",
+					stall.Round(time.Millisecond), bareStall.Round(time.Millisecond), (stall - bareStall).Round(time.Millisecond))
+				if stall == 0 || bareStall == 0 {
+					t.Errorf("the killed message was not decided again in both runs (stall %v with the helper, %v without)", stall, bareStall)
+				} else if stall-bareStall > stallBound {
+					t.Errorf("the helper stalled the partition %v beyond the group's own %v (bound %v)", stall-bareStall, bareStall, stallBound)
+				}
 			}
 			if !slices.ContainsFunc(problems, func(p string) bool { return strings.Contains(p, "side effect ran") }) {
 				t.Errorf("negative control: without the helper the scenario should repeat a side effect; problems: %q", problems)
@@ -257,7 +275,7 @@ func (s scenario) resolve(d scenarioSettings) scenarioSettings {
 
 // play runs scenario index once (noHelper: the negative control) and
 // returns what its expect found wrong; err is a failure to run it at all.
-func (e *env) play(t *testing.T, index int, s scenario, set scenarioSettings, noHelper bool) ([]string, error) {
+func (e *env) play(t *testing.T, index int, s scenario, set scenarioSettings, noHelper bool) ([]string, time.Duration, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*scenarioBound)
 	defer cancel()
 	prefix := randomHex(t)
@@ -272,10 +290,10 @@ func (e *env) play(t *testing.T, index int, s scenario, set scenarioSettings, no
 		err = created.Error()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("creating %s: %w", topic, err)
+		return nil, 0, fmt.Errorf("creating %s: %w", topic, err)
 	}
 	if err := e.produce(ctx, s, set, topic, prefix); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 
 	procs := make([]*consumerProc, len(s.Consumers))
@@ -296,9 +314,21 @@ func (e *env) play(t *testing.T, index int, s scenario, set scenarioSettings, no
 		return nil
 	}
 	deadline := time.Now().Add(scenarioBound)
+	// The partition's stall after a kill inside a handler: from the moment
+	// the killed consumer is seen gone to the moment its message is decided
+	// again (dead-lettered with the helper, its side effect repeated without),
+	// both seen by this loop's 200 ms polls.
+	killed, killedAt, stall := 0, time.Time{}, time.Duration(0)
 	for {
 		sideEffects := readLedger(ledger)
+		if killed > 0 && stall == 0 && (slices.ContainsFunc(readDeadLetters(dead), func(d deadLetter) bool { return d.Message == killed }) ||
+			count(sideEffects, killed) > 1) {
+			stall = time.Since(killedAt)
+		}
 		for i, c := range s.Consumers {
+			if procs[i] != nil && killed == 0 && c.KillInHandlerAfterSideEffectOf > 0 && procs[i].hasExited() {
+				killed, killedAt = c.KillInHandlerAfterSideEffectOf, time.Now()
+			}
 			if procs[i] != nil {
 				if c.StopAfterSideEffects > 0 && !stopSent[i] && len(sideEffects) >= c.StopAfterSideEffects {
 					procs[i].terminate()
@@ -313,7 +343,7 @@ func (e *env) play(t *testing.T, index int, s scenario, set scenarioSettings, no
 			}
 			if ready {
 				if procs[i], err = e.start(c, set, topic, group, ledger, dead, noHelper, started); err != nil {
-					return nil, err
+					return nil, 0, err
 				}
 			}
 		}
@@ -321,7 +351,7 @@ func (e *env) play(t *testing.T, index int, s scenario, set scenarioSettings, no
 			break
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("not done within %s: %d side effects, %d dead letters of %d messages%s",
+			return nil, 0, fmt.Errorf("not done within %s: %d side effects, %d dead letters of %d messages%s",
 				scenarioBound, len(sideEffects), len(readDeadLetters(dead)), s.Produce.Messages, describe(procs, s))
 		}
 		time.Sleep(200 * time.Millisecond)
@@ -356,7 +386,7 @@ func (e *env) play(t *testing.T, index int, s scenario, set scenarioSettings, no
 	if noHelper {
 		t.Logf("no helper: %d problems, e.g. %q", len(problems), problems[:min(len(problems), 3)])
 	}
-	return problems, nil
+	return problems, stall, nil
 }
 
 func (e *env) produce(ctx context.Context, s scenario, set scenarioSettings, topic, prefix string) error {
@@ -399,6 +429,17 @@ func (e *env) committedToEnd(ctx context.Context, group, topic string) bool {
 		}
 	})
 	return done
+}
+
+// count is how many times n appears in xs.
+func count(xs []int, n int) int {
+	c := 0
+	for _, x := range xs {
+		if x == n {
+			c++
+		}
+	}
+	return c
 }
 
 func accounted(s scenario, sideEffects []int, dead []deadLetter) bool {
@@ -553,8 +594,11 @@ func (b *lockedBuffer) String() string {
 func (e *env) start(c consumerEntry, set scenarioSettings, topic, group, ledger, dead string, noHelper bool,
 	started string) (*consumerProc, error) {
 	args := []string{"-brokers", e.brokers, "-topic", topic, "-group", group, "-idemd", e.idemdAddr, "-insecure",
-		"-key-header", set.KeyHeader, "-lease", set.Lease, "-handler-ms", strconv.Itoa(*set.HandlerMS),
+		"-key-header", set.KeyHeader, "-handler-ms", strconv.Itoa(*set.HandlerMS),
 		"-ledger", ledger, "-dead-letters", dead}
+	if set.Lease != "" { // else the program's default, idemd.DefaultConsumerLease
+		args = append(args, "-lease", set.Lease)
+	}
 	if started != "" {
 		args = append(args, "-started", started)
 	}

@@ -28,6 +28,7 @@ from .errors import (
 )
 from .fingerprint import FingerprintError, canonical_body, fingerprint_v1
 from .messages import (
+    DEFAULT_LEASE,
     DEFAULT_PARALLELISM,
     AsyncMessageProcessor,
     Message,
@@ -42,6 +43,7 @@ from .types import Execution, Request, Response, Result
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_LEASE",
     "DEFAULT_PARALLELISM",
     "AsyncMessageProcessor",
     "Client",

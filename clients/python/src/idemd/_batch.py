@@ -58,6 +58,14 @@ class Ordering(enum.Enum):
     PER_PARTITION = "per_partition"
 
 
+def check_options(ordering: Ordering, parallelism: int) -> None:
+    """process_batch's arguments, checked before anything is claimed."""
+    if parallelism < 1:
+        raise ValueError("parallelism must be at least 1")
+    if not isinstance(ordering, Ordering):
+        raise TypeError("ordering must be idemd.Ordering.PER_KEY or PER_PARTITION")
+
+
 class _Pool:
     """Worker threads for a processor's batches, started as tasks need them (every task starts at
     once: a claimed handler never waits for a thread) and ended after WORKER_IDLE_SECONDS idle."""
@@ -98,6 +106,16 @@ def item_error(error: "pb.ItemError") -> RpcError:
     code = _CODES.get(error.code, grpc.StatusCode.UNKNOWN)
     trailing = [(STATUS_DETAILS_KEY, bytes(error.status_details))] if error.status_details else None
     return status_error(code, error.message, trailing)
+
+
+def item_errors(response: "pb.CompleteBatchResponse", items: int) -> List[Optional[RpcError]]:
+    """Each item's error of a CompleteBatch answer (None: completed); an answer with another
+    number of results than items raises INTERNAL rather than guess which item is which."""
+    if len(response.results) != items:
+        raise RpcError(grpc.StatusCode.INTERNAL,
+                       f"idemd: CompleteBatch answered {len(response.results)} results for {items} items")
+    return [item_error(result.error) if result.WhichOneof("result") == "error" else None
+            for result in response.results]
 
 
 class _Ran:
@@ -180,26 +198,8 @@ class Batch:
     # -- the loop -----------------------------------------------------------
 
     def run(self) -> List["Processed"]:
-
-        chunk = max(1, self.parallelism // 8)
         while self.undecided > 0:
-            free = self.parallelism - self.in_flight
-            if self.fatal is None and (free >= chunk or (free > 0 and self.claiming == 0 and self.running == 0)):
-                picked = self.pick(free)
-                if picked:
-                    self.start(picked)
-            if self.finished and (len(self.finished) >= chunk or self.running == 0):
-                self.complete(self.finished)
-                self.finished = []
-            if self.in_flight == 0:
-                if self.fatal is not None:
-                    raise self.fatal
-                # Unreachable (pick always finds the first undecided message of a key), but
-                # never return a message without an outcome.
-                for i, out in enumerate(self.outs):
-                    if out is None:
-                        self.decide(i, Processed(Outcome.RETRY, self.keys[i],
-                                                 "idemd: process_batch could not start this message"))
+            if not self.step():
                 break
             if self.ready:  # handlers waiting for a runner: look again in a tick
                 try:
@@ -220,6 +220,32 @@ class Batch:
         if self.fatal is not None:
             raise self.fatal
         return self.outs  # type: ignore[return-value]
+
+    def step(self) -> bool:
+        """One round of decisions, shared by the thread and the asyncio loops: claim for the free
+        slots (a chunk of them, or whatever is free once nothing else is under way), flush the
+        finished handlers' completions, and say whether anything is still in flight (False: the
+        loop ends; raises the fatal error if one stopped it)."""
+        chunk = max(1, self.parallelism // 8)
+        free = self.parallelism - self.in_flight
+        if self.fatal is None and (free >= chunk or (free > 0 and self.claiming == 0 and self.running == 0)):
+            picked = self.pick(free)
+            if picked:
+                self.start(picked)
+        if self.finished and (len(self.finished) >= chunk or self.running == 0):
+            self.complete(self.finished)
+            self.finished = []
+        if self.in_flight > 0:
+            return True
+        if self.fatal is not None:
+            raise self.fatal
+        # Unreachable (pick always finds the first undecided message of a key), but never return
+        # a message without an outcome.
+        for i, out in enumerate(self.outs):
+            if out is None:
+                self.decide(i, Processed(Outcome.RETRY, self.keys[i],
+                                         "idemd: process_batch could not start this message"))
+        return False
 
     def decide(self, i: int, out: "Processed") -> None:
 
@@ -553,22 +579,11 @@ class Batch:
     def complete_chunk(self, chunk: List[_Ran]) -> List[Any]:
         """Each item's Processed, or the exception process() would raise for it."""
 
-        empty = self.empty_response
-        request = pb.CompleteBatchRequest(endpoint=self.endpoint, completions=[
-            pb.CompleteRequest(key=end.key, lease_token=end.token,
-                               response=empty if end.value is None else ex.response_to_pb(end.stored))
-            for end in chunk
-        ])
-        errors: List[Optional[RpcError]] = [None] * len(chunk)
+        request = self.complete_batch_request(chunk)
         try:
             # Retried on transport errors while the leases hold, as a single Complete is.
             response = self.client._deliver_response("CompleteBatch", request, min(end.keeper.expires for end in chunk))
-            if len(response.results) != len(chunk):
-                raise RpcError(grpc.StatusCode.INTERNAL,
-                               f"idemd: CompleteBatch answered {len(response.results)} results for {len(chunk)} items")
-            for n, result in enumerate(response.results):
-                if result.WhichOneof("result") == "error":
-                    errors[n] = item_error(result.error)
+            errors = item_errors(response, len(chunk))
         except RpcError as error:
             errors = [error] * len(chunk)
         outs: List[Any] = []
@@ -581,6 +596,16 @@ class Batch:
             except BaseException as raised:  # noqa: BLE001 - raised by the loop
                 outs.append(_Fatal(raised))
         return outs
+
+    def complete_batch_request(self, chunk: List[_Ran]) -> "pb.CompleteBatchRequest":
+        """One CompleteBatch for the chunk: each handler's stored response (the empty one for a
+        handler that returned None)."""
+        empty = self.empty_response
+        return pb.CompleteBatchRequest(endpoint=self.endpoint, completions=[
+            pb.CompleteRequest(key=end.key, lease_token=end.token,
+                               response=empty if end.value is None else ex.response_to_pb(end.stored))
+            for end in chunk
+        ])
 
     def complete_failed(self, end: _Ran, error: RpcError) -> "Processed":
         """A Complete refused or undelivered: what process() makes of it (client._run's tail)."""
@@ -640,24 +665,8 @@ class AsyncBatch(Batch):
         task.add_done_callback(self.tasks.discard)
 
     async def run_async(self) -> List["Processed"]:
-
-        chunk = max(1, self.parallelism // 8)
         while self.undecided > 0:
-            free = self.parallelism - self.in_flight
-            if self.fatal is None and (free >= chunk or (free > 0 and self.claiming == 0 and self.running == 0)):
-                picked = self.pick(free)
-                if picked:
-                    self.start(picked)
-            if self.finished and (len(self.finished) >= chunk or self.running == 0):
-                self.complete(self.finished)
-                self.finished = []
-            if self.in_flight == 0:
-                if self.fatal is not None:
-                    raise self.fatal
-                for i, out in enumerate(self.outs):
-                    if out is None:
-                        self.decide(i, Processed(Outcome.RETRY, self.keys[i],
-                                                 "idemd: process_batch could not start this message"))
+            if not self.step():
                 break
             await self.wake.wait()
             self.wake.clear()
@@ -784,21 +793,10 @@ class AsyncBatch(Batch):
 
     async def complete_chunk_async(self, chunk: List[_Ran]) -> List[Any]:
 
-        empty = self.empty_response
-        request = pb.CompleteBatchRequest(endpoint=self.endpoint, completions=[
-            pb.CompleteRequest(key=end.key, lease_token=end.token,
-                               response=empty if end.value is None else ex.response_to_pb(end.stored))
-            for end in chunk
-        ])
-        errors: List[Optional[RpcError]] = [None] * len(chunk)
+        request = self.complete_batch_request(chunk)
         try:
             response = await self._deliver_response(request, min(end.keeper.expires for end in chunk))
-            if len(response.results) != len(chunk):
-                raise RpcError(grpc.StatusCode.INTERNAL,
-                               f"idemd: CompleteBatch answered {len(response.results)} results for {len(chunk)} items")
-            for n, result in enumerate(response.results):
-                if result.WhichOneof("result") == "error":
-                    errors[n] = item_error(result.error)
+            errors = item_errors(response, len(chunk))
         except RpcError as error:
             errors = [error] * len(chunk)
         outs: List[Any] = []

@@ -2,7 +2,7 @@
 
 ::
 
-    processor = MessageProcessor(client, "kafka:orders", key_header="idempotency-key", lease=30.0,
+    processor = MessageProcessor(client, "kafka:orders", key_header="idempotency-key",
                                  dead_letter=lambda message, reason: park(message, reason))
     for record in records:
         done = processor.process(Message(record.value(), record.headers(), record.topic(),
@@ -44,6 +44,7 @@ from .errors import IdemdError, KeyReuseError, OutcomePendingError, RpcError, St
 from .types import Execution, Request, Response, Result
 
 __all__ = [
+    "DEFAULT_LEASE",
     "DEFAULT_PARALLELISM",
     "AsyncMessageProcessor",
     "Message",
@@ -64,6 +65,12 @@ class MissingKeyError(IdemdError, ValueError):
 
 
 DeadLetter = Callable[[Message, str], Any]
+
+#: The lease (seconds) a processor asks for unless told otherwise: kept alive at half while the
+#: handler runs, so a slow handler keeps its key, and a consumer killed inside one holds the
+#: redelivered message (its partition) at most this long rather than the endpoint policy's
+#: default lease (60 s unless configured, sized for HTTP clients that retry seconds apart). Issue 52.
+DEFAULT_LEASE = 5.0
 
 
 class _Processor:
@@ -190,9 +197,10 @@ class MessageProcessor(_Processor):
     dead-lettered, never run. ``dead_letter(message, reason)`` is called for every
     DEAD_LETTERED delivery (if it raises, :meth:`process` raises and nothing may
     be committed); it runs at least once per such delivery: make it idempotent.
-    ``lease`` (seconds) is asked of idemd for each claim and extended at half its
-    length while the handler runs; ``max_wait`` bounds the wait for another
-    consumer holding the key before RETRY; ``ttl`` overrides the policy's.
+    ``lease`` (seconds, default :data:`DEFAULT_LEASE`; None: the endpoint policy's) is
+    asked of idemd for each claim and extended at half its length while the handler
+    runs; ``max_wait`` bounds the wait for another consumer holding the key before
+    RETRY; ``ttl`` overrides the policy's.
     """
 
     def __init__(
@@ -203,7 +211,7 @@ class MessageProcessor(_Processor):
         dead_letter: DeadLetter,
         key_header: Optional[str] = None,
         key_by_position: bool = False,
-        lease: Optional[float] = None,
+        lease: Optional[float] = DEFAULT_LEASE,
         max_wait: float = 5.0,
         ttl: Optional[float] = None,
     ) -> None:
@@ -257,10 +265,7 @@ class MessageProcessor(_Processor):
         :meth:`process` would raise (a message without a key, before anything is claimed; a
         refused token; a dead-letter hook that raised) is raised once nothing is in flight any
         more; commit nothing of the poll then."""
-        if parallelism < 1:
-            raise ValueError("parallelism must be at least 1")
-        if not isinstance(ordering, Ordering):
-            raise TypeError("ordering must be idemd.Ordering.PER_KEY or PER_PARTITION")
+        _batch.check_options(ordering, parallelism)
         if not messages:
             return []
         with self._pool_lock:
@@ -311,7 +316,7 @@ class AsyncMessageProcessor(_Processor):
         dead_letter: Callable[[Message, str], Any],
         key_header: Optional[str] = None,
         key_by_position: bool = False,
-        lease: Optional[float] = None,
+        lease: Optional[float] = DEFAULT_LEASE,
         max_wait: float = 5.0,
         ttl: Optional[float] = None,
     ) -> None:
@@ -333,10 +338,7 @@ class AsyncMessageProcessor(_Processor):
         claimed handler's task is created as its ClaimBatch answers; a handler that is a plain
         function runs on the event loop (keep it short, or make it a coroutine function). The
         dead-letter hook may be called for several messages at once (as tasks)."""
-        if parallelism < 1:
-            raise ValueError("parallelism must be at least 1")
-        if not isinstance(ordering, Ordering):
-            raise TypeError("ordering must be idemd.Ordering.PER_KEY or PER_PARTITION")
+        _batch.check_options(ordering, parallelism)
         if not messages:
             return []
         return await _batch.AsyncBatch(self, None, messages, handler, ordering, parallelism).run_async()

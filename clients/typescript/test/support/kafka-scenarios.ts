@@ -39,7 +39,7 @@ export interface Scenario {
 }
 
 export interface ScenarioFile {
-  defaults: { partitions: number; key_header: string; lease: string; handler_ms: number };
+  defaults: { partitions: number; key_header: string; lease?: string; handler_ms: number };
   scenarios: Scenario[];
 }
 
@@ -136,7 +136,7 @@ export class KafkaScenarios {
             exited.delete(entry.name);
             running.set(entry.name, this.start(entry, {
               topic, group, partitions, noHelper, mode, ledgerFile, deadLetterFile,
-              keyHeader: settings.key_header, leaseMs: durationMs(settings.lease), handlerMs: settings.handler_ms,
+              keyHeader: settings.key_header, leaseMs: settings.lease === undefined ? undefined : durationMs(settings.lease), handlerMs: settings.handler_ms,
             }));
           }
         }
@@ -208,7 +208,7 @@ export class KafkaScenarios {
 
   private start(entry: ConsumerEntry, s: {
     topic: string; group: string; partitions: number; noHelper: boolean; mode: Mode; ledgerFile: string; deadLetterFile: string;
-    keyHeader: string; leaseMs: number; handlerMs: number;
+    keyHeader: string; leaseMs: number | undefined; handlerMs: number;
   }): Consumer {
     if (!existsSync(PROGRAM)) throw new Error(`${PROGRAM} is missing: build first (npm run build)`);
     const args = [
@@ -216,9 +216,11 @@ export class KafkaScenarios {
       "--brokers", this.brokers,
       "--topic", s.topic, "--group", s.group,
       "--idemd", this.idemdAddress, "--token", ALICE,
-      "--key-header", s.keyHeader, "--lease-ms", String(s.leaseMs), "--handler-ms", String(s.handlerMs),
+      "--key-header", s.keyHeader, "--handler-ms", String(s.handlerMs),
       "--ledger", s.ledgerFile, "--dead-letters", s.deadLetterFile,
     ];
+    // Without a lease the program passes none: the consumer's default, DEFAULT_CONSUMER_LEASE_MS.
+    if (s.leaseMs !== undefined) args.push("--lease-ms", String(s.leaseMs));
     if (entry.kill_after_side_effect_of !== undefined) args.push("--kill-after", String(entry.kill_after_side_effect_of));
     if (entry.kill_in_handler_after_side_effect_of !== undefined) {
       args.push("--kill-in-handler-after", String(entry.kill_in_handler_after_side_effect_of));

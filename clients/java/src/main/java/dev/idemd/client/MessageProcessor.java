@@ -92,6 +92,14 @@ public final class MessageProcessor {
     }
   }
 
+  /**
+   * The lease a processor asks for unless {@link Builder#lease} says otherwise: 5 s, kept alive at
+   * half while the handler runs, so a slow handler keeps its key and a consumer killed inside one
+   * holds the redelivered message (its partition) at most this long, not the endpoint policy's
+   * default lease (60 s unless configured), which suits HTTP requests that are retried seconds apart (issue 52).
+   */
+  public static final Duration DEFAULT_LEASE = Duration.ofSeconds(5);
+
   private final IdemdClient client;
   private final String endpoint;
   private final String keyHeader; // null: keyFromPosition
@@ -107,9 +115,7 @@ public final class MessageProcessor {
         ExecuteOptions.defaults()
             .withFingerprint(ExecuteOptions.FingerprintMode.LOCAL)
             .withMaxWait(b.maxWait);
-    if (b.lease != null) {
-      o = o.withLease(b.lease);
-    }
+    o = o.withLease(b.lease);
     if (b.ttl != null) {
       o = o.withTtl(b.ttl);
     }
@@ -340,7 +346,7 @@ public final class MessageProcessor {
     private String keyHeader;
     private boolean keyChosen;
     private DeadLetterHook deadLetter;
-    private Duration lease;
+    private Duration lease = DEFAULT_LEASE;
     private Duration ttl;
     private Duration maxWait = ExecuteOptions.DEFAULT_MAX_WAIT;
 
@@ -372,7 +378,10 @@ public final class MessageProcessor {
       return this;
     }
 
-    /** The lease asked for each claim (default: the endpoint policy's); extended while running. */
+    /**
+     * The lease asked for each claim (default {@link #DEFAULT_LEASE}); extended at half while the
+     * handler runs.
+     */
     public Builder lease(Duration lease) {
       this.lease = Objects.requireNonNull(lease, "lease");
       return this;

@@ -211,6 +211,38 @@ class MessageProcessorTest {
     assertEquals(State.STATE_UNKNOWN, state);
   }
 
+  /**
+   * A processor asks for {@link MessageProcessor#DEFAULT_LEASE}, not the endpoint policy's lease
+   * (10 s in the conformance idemd.toml), in process and processBatch alike: a consumer killed
+   * inside its handler holds the redelivered message (its partition) about that long (issue 52).
+   */
+  @Test
+  void asksForTheDefaultConsumerLease() {
+    MessageProcessor p = processor(ENDPOINT).build();
+    List<Duration> left = new ArrayList<>();
+    MessageHandler handler = m -> {
+      String key = new String(m.header(HEADER).orElseThrow(), StandardCharsets.UTF_8);
+      com.google.protobuf.Timestamp expires = client.lookup(LookupRequest.newBuilder()
+          .setEndpoint(ENDPOINT).setKey(key).build()).getRecord().getLeaseExpiresAt();
+      synchronized (left) {
+        left.add(Duration.between(java.time.Instant.now(),
+            java.time.Instant.ofEpochSecond(expires.getSeconds(), expires.getNanos())));
+      }
+    };
+    assertEquals(Kind.EXECUTED, p.process(message(key(), "{\"n\":1}"), handler).kind());
+    for (Outcome out : p.processBatch(
+        List.of(message(key(), "{\"n\":2}"), message(key(), "{\"n\":3}")), handler)) {
+      assertEquals(Kind.EXECUTED, out.kind(), out.reason());
+    }
+    assertEquals(3, left.size(), "the handler's lookups: " + left);
+    for (Duration d : left) {
+      // Just claimed: about the whole lease left (the clock is the same one).
+      assertTrue(d.compareTo(MessageProcessor.DEFAULT_LEASE.minusSeconds(2)) > 0
+          && d.compareTo(MessageProcessor.DEFAULT_LEASE.plusMillis(200)) <= 0,
+          "a handler's lease had " + d + " left, want about " + MessageProcessor.DEFAULT_LEASE + ": " + left);
+    }
+  }
+
   @Test
   void idemdUnavailableIsRetry() {
     try (IdemdClient down = IdemdClient.builder("127.0.0.1:1").plaintext().bearerToken(TOKEN)

@@ -47,7 +47,7 @@ import org.apache.kafka.common.serialization.ByteArrayDeserializer;
  * --brokers H:P  --topic T  --group G  --idemd H:P  --token TOKEN   where to consume, which idemd
  * --endpoint E          idemd endpoint (default kafka:T)
  * --key-header NAME     the header holding the key (default idempotency-key)
- * --lease D             the lease asked per claim: 500ms, 2s (default: the policy's)
+ * --lease D             the lease asked per claim: 500ms, 2s (default: MessageProcessor.DEFAULT_LEASE, 5s)
  * --handler-ms N        the handler sleeps N ms before its side effect
  * --ledger FILE         the side effect: "N\n" appended with one write
  * --dead-letters FILE   the dead-letter hook: {"message":N,"reason":"..."} appended

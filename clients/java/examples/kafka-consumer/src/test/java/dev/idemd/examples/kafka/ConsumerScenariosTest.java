@@ -296,9 +296,11 @@ class ConsumerScenariosTest {
         "--idemd", idemd.address(), "--token", TOKEN,
         "--endpoint", "kafka:" + topic,
         "--key-header", (String) s.get("key_header"),
-        "--lease", (String) s.get("lease"),
         "--handler-ms", Long.toString(number(s.get("handler_ms"))),
         "--ledger", ledger.toString(), "--dead-letters", deadLetters.toString()));
+    if (s.get("lease") != null) { // else the processor's default, MessageProcessor.DEFAULT_LEASE
+      command.addAll(List.of("--lease", (String) s.get("lease")));
+    }
     if (e.containsKey("kill_in_handler_after_side_effect_of")) {
       command.addAll(List.of("--kill-in-handler-after-side-effect-of",
           Long.toString(number(e.get("kill_in_handler_after_side_effect_of")))));
