@@ -23,6 +23,7 @@ import { promisify } from "node:util";
 import { Kafka, logLevel, Partitioners } from "kafkajs";
 import { startIdemd, type IdemdServer } from "./support/idemd";
 import { repoRoot, sdkRoot } from "./support/paths";
+import { freePort } from "./support/ports";
 
 const exec = promisify(execFile);
 
@@ -242,7 +243,7 @@ test("a fresh project installs the packed SDK as the README says and runs agains
     }),
   );
   await run(process.execPath, [tsc, "-p", "."], project);
-  const port = 20000 + Math.floor(Math.random() * 20000);
+  const port = await freePort();
   const served = spawn(process.execPath, [path.join(project, "out", "server.mjs")], {
     cwd: project,
     env: userEnv({ IDEMD_ADDRESS: server.address, IDEMD_TOKEN: "conformance-token-alice-3f9a", PORT: String(port) }),

@@ -14,6 +14,7 @@ import { promisify } from "node:util";
 import ts from "typescript";
 import { startIdemd, type IdemdServer } from "./support/idemd";
 import { repoRoot, sdkRoot } from "./support/paths";
+import { freePort } from "./support/ports";
 
 const run = promisify(execFile);
 
@@ -112,15 +113,22 @@ test("README middleware example type-checks, serves and replays as written", asy
     const diagnostics = ts.getPreEmitDiagnostics(program).concat(emitted.diagnostics);
     assert.deepEqual(diagnostics.map((d) => ts.flattenDiagnosticMessageText(d.messageText, "\n")), []);
 
-    const port = 20000 + Math.floor(Math.random() * 20000);
+    const port = await freePort();
     const child = spawn(process.execPath, [path.join(project, "server.mjs")], {
       cwd: project,
       env: { ...process.env, IDEMD_ADDRESS: server.address, IDEMD_TOKEN: "conformance-token-alice-3f9a", PORT: String(port) },
-      stdio: "ignore",
+      stdio: ["ignore", "pipe", "pipe"],
     });
+    // What the served program printed, for the failure message: a program that dies at start or
+    // never listens must say why.
+    let printed = "";
+    child.stdout?.on("data", (chunk: Buffer) => (printed += chunk.toString()));
+    child.stderr?.on("data", (chunk: Buffer) => (printed += chunk.toString()));
     try {
       const key = `readme-${Date.now()}`;
       const post = async (): Promise<Response> => {
+        // Up to 60 s: a cold start of Node, Express and the SDK on a busy CI machine, not the time
+        // a user waits; a child that exited fails at once.
         for (let attempt = 0; ; attempt++) {
           try {
             return await fetch(`http://127.0.0.1:${port}/v1/payments/p1`, {
@@ -129,7 +137,11 @@ test("README middleware example type-checks, serves and replays as written", asy
               body: "{}",
             });
           } catch (error) {
-            if (attempt > 100) throw error;
+            if (child.exitCode !== null || attempt > 600) {
+              throw new Error(
+                `the README's middleware server never answered (exit code ${child.exitCode}): ${String(error)}\n${printed}`,
+              );
+            }
             await new Promise((resolve) => setTimeout(resolve, 100)); // still starting
           }
         }
