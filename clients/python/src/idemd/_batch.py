@@ -424,11 +424,14 @@ class Batch:
         try:
             result = ex.terminal_outcome(response)
         except BaseException as error:  # KeyReuseError, OutcomePendingError: dead-lettered
-            self.answer_async(i, lambda error=error: self.p._dead_lettered(
-                self.msgs[i], self.p._judge(self.keys[i], error, False)))
+            self.answer_async(i, lambda error=error: self.dead_lettered(i, error))
             return
         assert result is not None
         self.decide(i, self.p._outcome(self.keys[i], result))
+
+    def dead_lettered(self, i: int, error: BaseException) -> Any:
+        """Message i judged from a terminal claim answer, its hook called (a coroutine in AsyncBatch)."""
+        return self.p._dead_lettered(self.msgs[i], self.p._judge(self.keys[i], error, False))
 
     def single(self, i: int) -> None:
         self.answer_async(i, lambda: self.p.process(self.msgs[i], self.handler))
@@ -715,18 +718,8 @@ class AsyncBatch(Batch):
         self.claimed(picked, results, error, started)
         self.wake.set()
 
-    def terminal(self, i: int, response: "pb.ClaimResponse") -> None:
-        try:
-            result = ex.terminal_outcome(response)
-        except BaseException as error:  # KeyReuseError, OutcomePendingError: dead-lettered
-            self.answer_async(i, lambda error=error: self.p._dead_lettered_async(
-                self.msgs[i], self.p._judge(self.keys[i], error, False)))
-            return
-        assert result is not None
-        self.decide(i, self.p._outcome(self.keys[i], result))
-
-    def single(self, i: int) -> None:
-        self.answer_async(i, lambda: self.p.process(self.msgs[i], self.handler))
+    def dead_lettered(self, i: int, error: BaseException) -> Any:
+        return self.p._dead_lettered_async(self.msgs[i], self.p._judge(self.keys[i], error, False))
 
     def answer_async(self, i: int, compute: Callable[[], Any]) -> None:
         async def task() -> None:

@@ -374,9 +374,5 @@ class AsyncMessageProcessor(_Processor):
             ))
         except BaseException as error:
             processed = self._judge(key, error, bool(raised) and raised[0] is error)
-            if processed.outcome is Outcome.DEAD_LETTERED:
-                out = self.dead_letter(message, processed.reason)
-                if inspect.isawaitable(out):
-                    await out
-        self._log(processed)
-        return processed
+        # The hook (for a DEAD_LETTERED outcome) and the log line, as for a batch's messages.
+        return await self._dead_lettered_async(message, processed)
