@@ -206,7 +206,12 @@ func (b *batch) loop() {
 		// Finished successes wait only while a CompleteBatch is under way
 		// (they then ride in the next), never behind a slow handler: their
 		// leases are no longer extended (as for ExecuteOnce's Complete).
-		if len(b.finished) > 0 && (len(b.finished) >= chunk || b.running == 0 || b.completing == 0) {
+		// They go before that call returns once they are an eighth of what
+		// is in flight (at most a chunk), so that a few partitions side by
+		// side do not wait for each other. (Java's helper, which also sent
+		// them whenever no handler ran, sent a CompleteBatch per message
+		// with 0 ms handlers.)
+		if len(b.finished) > 0 && (b.completing == 0 || len(b.finished) >= max(1, min(chunk, b.inFlight/8))) {
 			b.complete(b.finished)
 			b.finished = nil
 		}
@@ -221,6 +226,17 @@ func (b *batch) loop() {
 			return
 		}
 		(<-b.events)()
+		// Apply whatever else has come back before deciding what to send:
+		// a claim's handlers finish together, and their successes then
+		// ride in one CompleteBatch.
+		for drained := false; !drained; {
+			select {
+			case event := <-b.events:
+				event()
+			default:
+				drained = true
+			}
+		}
 	}
 }
 

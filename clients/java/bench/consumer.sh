@@ -6,7 +6,10 @@
 # parallel and pipelined hand each poll to processBatch, sequential calls process per message),
 # IDEMD_CONSUMER_BENCH_RUNS runs of each (default 2), in turn (IDEMD_CONSUMER_BENCH_PARALLELISM sets
 # --parallelism), against a throwaway broker (scripts/kafka.sh) and the idemd of $IDEMD_BIN
-# (default: the release build, target/release/idemd). Prints one line per run (ConsumerThroughput).
+# (default: the release build, target/release/idemd). Each consumer first takes
+# IDEMD_CONSUMER_BENCH_WARMUP messages (default MESSAGES) from the same topic and is timed on the
+# MESSAGES after them (the cold figure is printed beside); IDEMD_CONSUMER_BENCH_JVM_OPTIONS go to
+# the consumer's JVM. Prints one line per run (ConsumerThroughput).
 #
 #   IDEMD_BIN=/path/to/release/idemd [IDEMD_CONSUMER_BENCH_RUNS=2] \
 #     [IDEMD_CONSUMER_BENCH_MODES="parallel pipelined"] clients/java/bench/consumer.sh [MESSAGES]

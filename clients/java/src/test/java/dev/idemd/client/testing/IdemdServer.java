@@ -107,6 +107,11 @@ public final class IdemdServer implements AutoCloseable {
   }
 
   /** host:port of the gRPC listener. */
+  /** The server process's pid (benchmarks read its CPU time from /proc). */
+  public long pid() {
+    return process.pid();
+  }
+
   public String address() {
     return address;
   }
