@@ -5,7 +5,7 @@
 # and load: calls/s, claims/s, p50/p99/p999 of the call (docs/sdk.md, "Batched consumers"). The
 # server runs with --claim-rate 0: the default limit would shed most of these claims.
 #
-#   bench/scripts/ghz-batch.sh GHZ ITEMS BIN [BIN...]
+#   bench/scripts/ghz-batch.sh GHZ ITEMS BIN [BIN...]    (GHZ: bench/scripts/tools.sh installs it)
 #   e.g. bench/scripts/ghz-batch.sh ~/.cache/idemd/tools/bin/ghz 250 /tmp/idemd-old target/release/idemd
 set -euo pipefail
 ghz=${1:?ghz binary}; items=${2:-250}; shift 2

@@ -329,29 +329,43 @@ class ConsumerScenariosTest {
     Set<Long> poison = produce.containsKey("poison")
         ? list(produce.get("poison")).stream().map(ConsumerScenariosTest::number).collect(Collectors.toSet())
         : Set.of();
-    Properties props = new Properties();
-    props.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, brokers());
-    props.put(ProducerConfig.ACKS_CONFIG, "all");
-    props.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
-    props.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
-    try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(props)) {
+    try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(producerProperties())) {
       for (long n = 1; n <= messages; n++) {
-        byte[] value = ("{\"n\": " + n + ", \"poison\": " + poison.contains(n) + ", \"amount\": 100}")
-            .getBytes(StandardCharsets.UTF_8);
         int partition = (int) (n % partitions);
-        send(producer, topic, partition, keyHeader, prefix + "-" + n, value);
+        send(producer, record(topic, partition, keyHeader, prefix, n, poison.contains(n)));
         if (every > 0 && n % every == 0) {
-          send(producer, topic, otherPartition ? (int) ((n + 1) % partitions) : partition, keyHeader, prefix + "-" + n, value);
+          send(producer, record(topic, otherPartition ? (int) ((n + 1) % partitions) : partition, keyHeader,
+              prefix, n, poison.contains(n)));
         }
       }
       producer.flush();
     }
   }
 
-  private static void send(KafkaProducer<byte[], byte[]> producer, String topic, int partition, String header,
-      String key, byte[] value) throws Exception {
+  /** A producer of the scenarios' messages: every replica acknowledges, byte arrays in and out. */
+  static Properties producerProperties() {
+    Properties props = new Properties();
+    props.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, brokers());
+    props.put(ProducerConfig.ACKS_CONFIG, "all");
+    props.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
+    props.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
+    return props;
+  }
+
+  /**
+   * Message n of a scenario (the consumer's Order): value {"n": N, "poison": P, "amount": 100},
+   * header {@code header} = PREFIX-N.
+   */
+  static ProducerRecord<byte[], byte[]> record(String topic, int partition, String header, String prefix, long n,
+      boolean poison) {
+    byte[] value = ("{\"n\": " + n + ", \"poison\": " + poison + ", \"amount\": 100}").getBytes(StandardCharsets.UTF_8);
     ProducerRecord<byte[], byte[]> record = new ProducerRecord<>(topic, partition, null, value);
-    record.headers().add(header, key.getBytes(StandardCharsets.UTF_8));
+    record.headers().add(header, (prefix + "-" + n).getBytes(StandardCharsets.UTF_8));
+    return record;
+  }
+
+  private static void send(KafkaProducer<byte[], byte[]> producer, ProducerRecord<byte[], byte[]> record)
+      throws Exception {
     // Awaited one by one: in order (the duplicate right after its original), and a send that fails
     // fails the scenario here. (Pipelined sends once left a fresh 4-partition topic's partition 0
     // unsent for the whole delivery timeout on the loaded test box.)

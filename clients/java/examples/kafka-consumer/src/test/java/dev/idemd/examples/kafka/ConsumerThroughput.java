@@ -3,7 +3,6 @@ package dev.idemd.examples.kafka;
 import dev.idemd.client.testing.IdemdServer;
 import java.nio.ByteBuffer;
 import java.nio.channels.SeekableByteChannel;
-import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
@@ -24,7 +23,6 @@ import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.clients.producer.RecordMetadata;
 import org.apache.kafka.common.TopicPartition;
-import org.apache.kafka.common.serialization.ByteArraySerializer;
 
 /**
  * Messages/s of {@link KafkaConsumerExample} (one consumer JVM, default fetch size, handler 0 ms)
@@ -49,26 +47,21 @@ public final class ConsumerThroughput {
   private ConsumerThroughput() {}
 
   /**
-   * Messages 1..count in the consumer scenarios' format (ConsumerScenariosTest.produce: value
-   * {@code {"n": N, ...}}, header idempotency-key PREFIX-N, partition N % partitions), sent
+   * Messages 1..count in the consumer scenarios' format ({@link ConsumerScenariosTest#record},
+   * header idempotency-key, partition N % partitions), sent
    * side by side: the scenarios' one-by-one sends took about a minute per 10,000. Each
    * partition's first send is awaited alone, so that the producer knows the fresh topic's leaders
    * before the rest go; every send is awaited before the consumer starts, and a failed one fails
    * the bench.
    */
   static void produce(String topic, int partitions, String prefix, long count) throws Exception {
-    Properties props = new Properties();
-    props.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, ConsumerScenariosTest.brokers());
-    props.put(ProducerConfig.ACKS_CONFIG, "all");
+    Properties props = ConsumerScenariosTest.producerProperties();
     props.put(ProducerConfig.LINGER_MS_CONFIG, "5");
-    props.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
-    props.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
     try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(props)) {
       List<Future<RecordMetadata>> sent = new ArrayList<>();
       for (long n = 1; n <= count; n++) {
-        byte[] value = ("{\"n\": " + n + ", \"poison\": false, \"amount\": 100}").getBytes(StandardCharsets.UTF_8);
-        ProducerRecord<byte[], byte[]> record = new ProducerRecord<>(topic, (int) (n % partitions), null, value);
-        record.headers().add("idempotency-key", (prefix + "-" + n).getBytes(StandardCharsets.UTF_8));
+        ProducerRecord<byte[], byte[]> record =
+            ConsumerScenariosTest.record(topic, (int) (n % partitions), "idempotency-key", prefix, n, false);
         Future<RecordMetadata> future = producer.send(record);
         if (n <= partitions) {
           future.get(30, TimeUnit.SECONDS);
