@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import pytest
 
@@ -57,6 +57,7 @@ class Played:
     expected: List[int]
     poison: List[int]
     log: List[str] = field(default_factory=list)
+    stall: Optional[float] = None  # seconds; see play()
 
 
 @dataclass
@@ -142,6 +143,10 @@ def play(scenario: dict, index: int, kafka: KafkaClients, server: Server, tmp: P
     offsets: Dict[int, int] = {}
     checked_offsets_at = 0.0
     began = time.monotonic()
+    # The partition's stall after a kill inside a handler: from the moment the killed consumer is
+    # seen gone to the moment its message is decided again (dead-lettered with the helper, its side
+    # effect repeated without), both seen by this loop's polls. None: never decided again.
+    killed, killed_at, stall = 0, 0.0, None
 
     def state() -> str:
         return (f"{len(lines(ledger))} side effects, {len(lines(dead_file))} dead letters, committed {offsets} "
@@ -151,6 +156,9 @@ def play(scenario: dict, index: int, kafka: KafkaClients, server: Server, tmp: P
     try:
         while True:
             effects = len(lines(ledger))
+            if killed and stall is None and (lines(ledger).count(str(killed)) > 1 or any(
+                    json.loads(d)["message"] == killed for d in lines(dead_file))):
+                stall = time.monotonic() - killed_at
             for entry in list(pending):
                 after_exit = entry.get("start_after_exit_of")
                 if after_exit is not None and (after_exit not in latest or latest[after_exit].popen.poll() is None):
@@ -162,6 +170,9 @@ def play(scenario: dict, index: int, kafka: KafkaClients, server: Server, tmp: P
                 started.append(process)
                 latest[entry["name"]] = process
             for process in started:
+                kills = process.entry.get("kill_in_handler_after_side_effect_of")
+                if kills and not killed and process.popen.poll() is not None:
+                    killed, killed_at = kills, time.monotonic()
                 limit = process.entry.get("stop_after_side_effects")
                 if limit is not None and effects >= limit and not process.terminated and process.popen.poll() is None:
                     process.popen.send_signal(signal.SIGTERM)
@@ -201,6 +212,7 @@ def play(scenario: dict, index: int, kafka: KafkaClients, server: Server, tmp: P
         expected=expected,
         poison=list(scenario["produce"].get("poison", [])),
         log=[state()],
+        stall=stall,
     )
 
 
@@ -241,20 +253,63 @@ def check(scenario: dict, played: Played, mode: str = "sequential") -> None:
     assert not errors, "; ".join(errors) + f" ({played.log[-1]})"
 
 
+#: How much longer than without the helper a consumer killed inside its handler may hold its
+#: partition with the helper's defaults (issue 52: at most about idemd.DEFAULT_LEASE).
+STALL_BOUND = 5.0
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("index", range(len(SCENARIOS)), ids=[slug(s) for s in SCENARIOS])
 def test_consumer_scenario(index: int, mode: str, kafka: KafkaClients, server: Server, tmp_path: Path) -> None:
     scenario = SCENARIOS[index]
-    check(scenario, play(scenario, index, kafka, server, tmp_path, no_helper=False, mode=mode), mode)
+    negative = scenario.get("negative_control") and mode == MODES[0]
+    if negative:
+        # The first group on a fresh broker waits seconds for __consumer_offsets: not the helper's
+        # cost, so paid here when a negative control comes first (pytest -k).
+        kafka.committed(f"group-{RUN_PREFIX}-warm-up", f"consumer-{RUN_PREFIX}-warm-up", 1)
+    began = time.monotonic()
+    played = play(scenario, index, kafka, server, tmp_path, no_helper=False, mode=mode)
+    check(scenario, played, mode)
+    # The negative control runs no helper, so one mode plays it, right after the helper's run so
+    # that one assertion bounds what the helper costs beside it.
+    if negative:
+        negative_control(scenario, index, kafka, server, tmp_path, played, time.monotonic() - began)
 
 
-NEGATIVE = [i for i, s in enumerate(SCENARIOS) if s.get("negative_control")]
-
-
-@pytest.mark.parametrize("index", NEGATIVE, ids=[slug(SCENARIOS[i]) for i in NEGATIVE])
-def test_consumer_scenario_fails_without_the_helper(index: int, kafka: KafkaClients, server: Server,
-                                                    tmp_path: Path) -> None:
-    scenario = SCENARIOS[index]
-    played = play(scenario, index, kafka, server, tmp_path, no_helper=True)
-    repeated = side_effect_errors(played, scenario["expect"]["side_effects"])
-    assert repeated, f"without the helper every side effect still ran once: the scenario cannot catch a repeat ({played.log[-1]})"
+def negative_control(scenario: dict, index: int, kafka: KafkaClients, server: Server, tmp: Path,
+                     played: Played, with_helper: float) -> None:
+    began = time.monotonic()
+    (tmp / "no-helper").mkdir()
+    bare = play(scenario, index, kafka, server, tmp / "no-helper", no_helper=True)
+    # What the helper costs a scenario with a kill: the wait for the dead consumer's lease beside
+    # the group's own session timeout.
+    without = time.monotonic() - began
+    ratio = with_helper / without
+    figures = [f"played in {with_helper:.3f} s with the helper, {without:.3f} s without: {ratio:.2f}x"]
+    errors = []
+    killed_in_handler = any("kill_in_handler_after_side_effect_of" in c for c in scenario["consumers"])
+    # The bound is issue 52's, on the kill inside a handler (the wait for the dead consumer's
+    # lease). The kill between side effect and commit is only reported: with the helper its second
+    # consumer here took one partition, then the other about a second later (without it, both at
+    # once), 1.2x on an idle machine; no lease is waited for there, and the bound would flake.
+    if killed_in_handler and with_helper > 1.3 * without:
+        errors.append(f"the helper made the scenario {ratio:.2f}x slower (bound 1.3x)")
+    # A kill inside a handler: the partition waits for the group to notice (the session timeout, as
+    # without the helper), then for the dead consumer's lease: with the defaults (5 s, extended at
+    # half) that wait is over by the time the group has noticed.
+    if killed_in_handler:
+        if played.stall is None or bare.stall is None:
+            errors.append(f"the killed message was not decided again in both runs "
+                          f"(stall {played.stall} s with the helper, {bare.stall} s without)")
+        else:
+            share = played.stall - bare.stall
+            figures.append(f"partition stalled {played.stall:.3f} s after the kill with the helper, {bare.stall:.3f} s "
+                           f"without (the group's session timeout); the helper's share {share:.3f} s")
+            if share > STALL_BOUND:
+                errors.append(f"the helper stalled the partition {share:.3f} s beyond the group's "
+                              f"own {bare.stall:.3f} s (bound {STALL_BOUND:.0f} s)")
+    print("\n".join(figures))
+    if not side_effect_errors(bare, scenario["expect"]["side_effects"]):
+        errors.append(f"without the helper every side effect still ran once: the scenario cannot catch a repeat "
+                      f"({bare.log[-1]})")
+    assert not errors, "; ".join(errors) + " (" + "; ".join(figures) + ")"

@@ -54,6 +54,14 @@ export interface Played {
   deadLetters: Array<{ message: number; reason: string }>;
   /** Sum of the `duplicates` counts the consumers printed on a clean exit. */
   duplicates: number;
+  /**
+   * After a kill inside a handler (`kill_in_handler_after_side_effect_of`): how long the partition
+   * stalled, from the moment the runner saw the killed consumer gone to the moment the killed
+   * message was decided again (dead-lettered with the helper, its side effect repeated without),
+   * both seen by the runner's 100 ms polls. Undefined without such a kill, or when the message was
+   * never decided again.
+   */
+  stallMs?: number;
 }
 
 /** The consumer program's --mode values; test.sh plays every scenario in each (IDEMD_CONSUMER_MODES narrows them). */
@@ -114,13 +122,23 @@ export class KafkaScenarios {
       const pending = [...scenario.consumers];
       const stopSent = new Set<ConsumerEntry>();
       const deadline = Date.now() + BOUND_MS;
+      let killed: number | undefined, killedAt = 0, stallMs: number | undefined;
       for (;;) {
         const ledger = readLedger(ledgerFile);
+        const deadLetters = readDeadLetters(deadLetterFile);
+        if (killed !== undefined && stallMs === undefined &&
+            (deadLetters.some((d) => d.message === killed) || ledger.filter((n) => n === killed).length > 1)) {
+          stallMs = Date.now() - killedAt;
+        }
         for (const name of [...running.keys()]) {
           const consumer = running.get(name)!;
           if (consumer.exit !== undefined) {
             running.delete(name);
             exited.add(name);
+            if (killed === undefined && consumer.entry.kill_in_handler_after_side_effect_of !== undefined) {
+              killed = consumer.entry.kill_in_handler_after_side_effect_of;
+              killedAt = Date.now();
+            }
             if (consumer.summary) summaries.push(consumer.summary);
             if (consumer.exit.code !== null && consumer.exit.code !== 0) {
               throw new Error(`consumer ${name} exited with ${consumer.exit.code}:\n${consumer.stderr.slice(-3000)}`);
@@ -148,7 +166,7 @@ export class KafkaScenarios {
             consumer.child.kill("SIGTERM");
           }
         }
-        const accounted = new Set([...ledger, ...readDeadLetters(deadLetterFile).map((d) => d.message)]);
+        const accounted = new Set([...ledger, ...deadLetters.map((d) => d.message)]);
         if (pending.length === 0 && accounted.size >= total && (await this.committedToEnd(topic, group))) break;
         if (Date.now() > deadline) {
           throw new Error(`not settled within ${BOUND_MS / 1000} s: ${accounted.size}/${total} messages accounted for, ` +
@@ -167,6 +185,7 @@ export class KafkaScenarios {
         ledger: readLedger(ledgerFile),
         deadLetters: readDeadLetters(deadLetterFile),
         duplicates: summaries.reduce((sum, line) => sum + ((JSON.parse(line) as { duplicates: number }).duplicates ?? 0), 0),
+        stallMs,
       };
     } finally {
       for (const consumer of running.values()) consumer.child.kill("SIGKILL");
