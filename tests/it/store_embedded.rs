@@ -68,6 +68,28 @@ fn record(key: &str, now: i64, ttl_ms: i64) -> Record {
     }
 }
 
+/// Opens `dir` again after the store on it was dropped. Other tests of this
+/// binary spawn processes, and a child holds a copy of the parent's open
+/// file descriptions from its fork until its exec closes them
+/// (close-on-exec): in that window the locks of the dropped store's files
+/// (redb's and the checksums' sidecar, both tied to the open file
+/// description) are still held, and an open fails as "already open in
+/// another process" (seen once in CI). Retried on that error for up to 5 s:
+/// a store still open would fail every time.
+fn reopen(dir: &std::path::Path) -> EmbeddedStore {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match EmbeddedStore::open(&EmbeddedOptions::new(dir)) {
+            Err(StoreError::Unavailable(message))
+                if message.contains("already open") && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            opened => return opened.expect("reopen"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn acknowledged_writes_survive_reopen() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -87,7 +109,7 @@ async fn acknowledged_writes_survive_reopen() {
         "closed stores refuse writes"
     );
     drop(store);
-    let reopened = EmbeddedStore::open(&EmbeddedOptions::new(dir.path())).expect("reopen");
+    let reopened = reopen(dir.path());
     assert_eq!(
         reopened.get(&written.id, 2_000).await.expect("get"),
         Some(written)
