@@ -41,7 +41,8 @@ import org.apache.kafka.common.TopicPartition;
  * the warm-up to the last) and, beside it, the cold one (the warm-up messages, from the first side
  * effect); bare and helper consumers get the same warm-up. 0 turns it off (then only the cold
  * figure is printed). Also, for reference, the time from the process start to the last offset
- * committed.
+ * committed, and under each warm line where the machine's cores went during the timed messages
+ * ({@link CpuSample}).
  */
 public final class ConsumerThroughput {
   private ConsumerThroughput() {}
@@ -144,6 +145,8 @@ public final class ConsumerThroughput {
         long warm = 0;
         long last;
         long lines = 0;
+        CpuSample atWarm = null;
+        CpuSample atLast;
         try (SeekableByteChannel tail = Files.newByteChannel(ledger, StandardOpenOption.READ)) {
           ByteBuffer buffer = ByteBuffer.allocate(1 << 16);
           while (true) {
@@ -160,9 +163,11 @@ public final class ConsumerThroughput {
             }
             if (warm == 0 && lines >= Math.max(1, warmup)) {
               warm = now;
+              atWarm = CpuSample.take(consumer.pid(), idemd.pid());
             }
             if (lines >= warmup + messages) {
               last = now;
+              atLast = CpuSample.take(consumer.pid(), idemd.pid());
               break;
             }
             if (read > 0) {
@@ -192,8 +197,84 @@ public final class ConsumerThroughput {
                   + " after %d warm-up messages; %s; process start to last commit %.2f s)%n",
               run, mode, messages, messages / ((last - warm) / 1e9), (last - warm) / 1e9, warmup, cold,
               (committed - start) / 1e9);
+          System.out.println("      " + atLast.since(atWarm, messages));
         }
       }
+    }
+  }
+
+  /**
+   * CPU time, from /proc (Linux), of the consumer JVM (and, within it, its JIT compiler threads),
+   * of idemd, and of the whole machine, at one moment of a run. Two of them, at the start and the
+   * end of the timed messages, tell where the machine's cores went while they were consumed: on
+   * this project's 2-core machine the consumer, the broker and idemd share them, so a consumer
+   * that is slower than its goal is either waiting (the machine has idle time left: latency is the
+   * bound) or out of CPU (then only less CPU per message helps, not more overlap). Issue 52's
+   * fifth session measured that distinction by hand; the bench now prints it with every warm run.
+   */
+  record CpuSample(long consumerTicks, long jitTicks, long idemdTicks, long busyTicks, long allTicks) {
+    /** Clock ticks per second of /proc's counters (USER_HZ: 100 on every Linux this runs on). */
+    private static final double TICKS_PER_SECOND = 100.0;
+
+    static CpuSample take(long consumerPid, long idemdPid) {
+      long jit = 0;
+      try (var tasks = Files.list(Path.of("/proc", Long.toString(consumerPid), "task"))) {
+        for (Path task : (Iterable<Path>) tasks::iterator) {
+          try {
+            if (Files.readString(task.resolve("comm")).contains("CompilerThre")) {
+              jit += ticks(task.resolve("stat"));
+            }
+          } catch (java.io.IOException gone) {
+            // a thread that ended between the listing and the read
+          }
+        }
+      } catch (java.io.IOException e) {
+        jit = -1;
+      }
+      long busy = -1;
+      long all = -1;
+      try {
+        String[] cpu = Files.readAllLines(Path.of("/proc/stat")).get(0).trim().split("\\s+");
+        all = 0;
+        for (int i = 1; i < Math.min(cpu.length, 9); i++) {
+          all += Long.parseLong(cpu[i]);
+        }
+        busy = all - Long.parseLong(cpu[4]) - Long.parseLong(cpu[5]); // less idle and iowait
+      } catch (java.io.IOException | RuntimeException e) {
+        // not Linux: the line says so
+      }
+      return new CpuSample(ticks(Path.of("/proc", Long.toString(consumerPid), "stat")), jit,
+          ticks(Path.of("/proc", Long.toString(idemdPid), "stat")), busy, all);
+    }
+
+    /** utime + stime of a /proc/.../stat, or -1 when it cannot be read. */
+    private static long ticks(Path stat) {
+      try {
+        String text = Files.readString(stat);
+        // The command name (field 2) may hold spaces: the fields after it start after its ')'.
+        String[] f = text.substring(text.lastIndexOf(')') + 2).split(" ");
+        return Long.parseLong(f[11]) + Long.parseLong(f[12]);
+      } catch (java.io.IOException | RuntimeException e) {
+        return -1;
+      }
+    }
+
+    /** What the cores did between {@code from} and this sample, per timed message. */
+    String since(CpuSample from, long messages) {
+      if (from == null || consumerTicks < 0 || from.consumerTicks < 0 || busyTicks < 0) {
+        return "CPU: not measured (no /proc)";
+      }
+      double perMessage = 1e6 / TICKS_PER_SECOND / messages;
+      double seconds = (allTicks - from.allTicks) / TICKS_PER_SECOND;
+      long consumer = consumerTicks - from.consumerTicks;
+      long idemd = idemdTicks - from.idemdTicks;
+      long busy = busyTicks - from.busyTicks;
+      return String.format(Locale.ROOT, "CPU per timed message: consumer JVM %.0f µs (its JIT %.0f µs),"
+              + " idemd %.0f µs, the rest (broker, this bench, kernel) %.0f µs; the machine's cores %.0f%%"
+              + " busy (10 ms ticks)",
+          consumer * perMessage, (jitTicks - from.jitTicks) * perMessage, idemd * perMessage,
+          (busy - consumer - idemd) * perMessage,
+          seconds <= 0 ? 0.0 : 100.0 * busy / (allTicks - from.allTicks));
     }
   }
 }
