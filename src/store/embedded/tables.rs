@@ -182,10 +182,11 @@ impl Operation for Insert {
             Some(existing) if existing.record.is_live(self.now_ms) => {
                 Ok(InsertReply::Exists(existing))
             }
-            stale => {
-                if let Some(stale) = stale {
-                    tables.remove(&stale.record)?;
-                }
+            Some(stale) => {
+                tables.overwrite(&stale.record, &self.record)?;
+                Ok(InsertReply::Inserted)
+            }
+            None => {
                 tables.put(&self.record)?;
                 Ok(InsertReply::Inserted)
             }
@@ -228,8 +229,7 @@ impl Operation for Replace {
     fn apply(self, tables: &mut Tables<'_, '_>) -> StoreResult<CasReply> {
         match tables.read_live_at(&self.record.id, self.now_ms)? {
             Some(current) if self.expected.is_met_by(&current.record) => {
-                tables.remove(&current.record)?;
-                tables.put(&self.record)?;
+                tables.overwrite(&current.record, &self.record)?;
                 Ok(CasReply::Applied)
             }
             current => Ok(CasReply::Conflict(current)),
@@ -391,11 +391,7 @@ impl<'a, 'txn> Tables<'a, 'txn> {
 
     /// Writes a record and its index entries.
     fn put(&mut self, record: &Record) -> StoreResult<()> {
-        let key = codec::record_key(&record.id);
-        // Sealed before the bytes reach the table or the log frame.
-        let value = codec::encode_record_sealed(record, self.keyring)
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        self.write(wal::LogTable::Records, &key, Some(&value))?;
+        self.write_record(record)?;
         self.insert_index(
             wal::LogTable::Expiry,
             &codec::expiry_key(record.expires_at_ms, &record.id),
@@ -407,6 +403,47 @@ impl<'a, 'txn> Tables<'a, 'txn> {
             )?;
         }
         Ok(())
+    }
+
+    /// Writes `new` over `old`, the record stored under the same key, with
+    /// the end state of `remove(old)` then `put(new)` (the log replays to the
+    /// same tables) but fewer writes: the record's value once, and only the
+    /// index entries that change. A Complete keeps its `expires_at` and only
+    /// leaves the pending index: two B-tree writes and two log entries instead
+    /// of five (issue 52: the writer thread spent 14.7% of idemd's CPU in
+    /// Replace under a consumer's batches).
+    fn overwrite(&mut self, old: &Record, new: &Record) -> StoreResult<()> {
+        debug_assert_eq!(old.id, new.id, "overwrite keeps the record's key");
+        self.write_record(new)?;
+        if old.expires_at_ms != new.expires_at_ms {
+            self.remove_index(
+                wal::LogTable::Expiry,
+                &codec::expiry_key(old.expires_at_ms, &old.id),
+            )?;
+            self.insert_index(
+                wal::LogTable::Expiry,
+                &codec::expiry_key(new.expires_at_ms, &new.id),
+            )?;
+        }
+        let (was, is) = (old.pending_since_ms(), new.pending_since_ms());
+        if was != is {
+            if let Some(since) = was {
+                self.remove_index(wal::LogTable::Pending, &codec::pending_key(since, &old.id))?;
+            }
+            if let Some(since) = is {
+                self.insert_index(wal::LogTable::Pending, &codec::pending_key(since, &new.id))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the record's value (not its index entries), sealed.
+    fn write_record(&mut self, record: &Record) -> StoreResult<()> {
+        let key = codec::record_key(&record.id);
+        // Sealed before the bytes reach the table or the log frame.
+        let value = codec::encode_record_sealed(record, self.keyring)
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        self.write(wal::LogTable::Records, &key, Some(&value))
     }
 
     /// Removes a record (as currently stored) and its index entries.

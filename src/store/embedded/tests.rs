@@ -89,6 +89,34 @@ async fn pending_keys_at(store: &EmbeddedStore, now_ms: i64) -> Vec<String> {
         .collect()
 }
 
+/// How many entries the index `table` (`log` in the overlay) holds, through
+/// the overlay. An entry left behind is invisible to ListPending and to the
+/// sweep, which check the record it names, so only a count shows it.
+fn index_len(
+    store: &EmbeddedStore,
+    table: redb::TableDefinition<&'static [u8], ()>,
+    log: wal::LogTable,
+) -> usize {
+    let (overlay, txn) = store.overlay.read_view(&store.database).expect("read view");
+    let index = txn.open_table(table).expect("open index");
+    let end = [0xff_u8; 64];
+    super::overlay::MergedKeys::new(
+        super::overlay::redb_keys(&index, &[], &end).expect("keys"),
+        super::tables::overlay_keys(&[&overlay], log, &[], &end),
+    )
+    .collect::<crate::store::StoreResult<Vec<_>>>()
+    .expect("keys")
+    .len()
+}
+
+/// (pending entries, expiry entries).
+fn index_lens(store: &EmbeddedStore) -> (usize, usize) {
+    (
+        index_len(store, super::tables::PENDING, wal::LogTable::Pending),
+        index_len(store, super::tables::EXPIRY, wal::LogTable::Expiry),
+    )
+}
+
 fn copy_data_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).expect("dir");
     for entry in std::fs::read_dir(from).expect("read dir") {
@@ -337,4 +365,112 @@ async fn a_reopen_credits_the_leases_live_at_the_last_beat_and_no_other() {
         pending_keys_at(&store, now).await,
         vec!["ended".to_string()]
     );
+}
+
+/// A Replace, or an Insert over an expired record, writes the record once
+/// and moves only the index entries that change (`Tables::overwrite`): the
+/// pending index follows the lease and leaves with the completion, and the
+/// expiry index follows a new expiry, before a reopen and after it.
+#[tokio::test]
+async fn an_overwrite_moves_exactly_the_index_entries_that_change() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = EmbeddedStore::open(&EmbeddedOptions::new(dir.path())).expect("open");
+    let claim = Record {
+        state: RecordState::InProgress,
+        completed_at_ms: None,
+        response: None,
+        lease_expires_at_ms: NOW + 10,
+        ..completed("k", b"", NOW + 1_000)
+    };
+    assert_eq!(
+        store.insert_if_absent(&claim, NOW).await.expect("insert"),
+        InsertOutcome::Inserted
+    );
+    assert_eq!(
+        pending_keys_at(&store, NOW + 10).await,
+        vec!["k".to_string()]
+    );
+    assert_eq!(index_lens(&store), (1, 1));
+
+    // The lease extended: due at its new end, not at the old one.
+    let extended = Record {
+        lease_expires_at_ms: NOW + 500,
+        ..claim.clone()
+    };
+    assert_eq!(
+        store
+            .replace_if(&extended, &Expected::matching(&claim), NOW)
+            .await
+            .expect("extend"),
+        CasOutcome::Applied
+    );
+    assert!(pending_keys_at(&store, NOW + 10).await.is_empty());
+    assert_eq!(
+        pending_keys_at(&store, NOW + 500).await,
+        vec!["k".to_string()]
+    );
+    assert_eq!(index_lens(&store), (1, 1), "the old lease's entry is gone");
+
+    // Completed: off the pending index, its expiry kept.
+    let done = completed("k", b"done", NOW + 1_000);
+    assert_eq!(
+        store
+            .replace_if(&done, &Expected::matching(&extended), NOW)
+            .await
+            .expect("complete"),
+        CasOutcome::Applied
+    );
+    assert!(pending_keys_at(&store, NOW + 500).await.is_empty());
+    assert_eq!(index_lens(&store), (0, 1));
+
+    // Expired, then claimed again with a later expiry: the old expiry no
+    // longer removes it, the new one does (after a reopen too).
+    let again = Record {
+        lease_expires_at_ms: NOW + 1_100,
+        expires_at_ms: NOW + 5_000,
+        ..claim.clone()
+    };
+    assert_eq!(
+        store
+            .insert_if_absent(&again, NOW + 1_001)
+            .await
+            .expect("insert again"),
+        InsertOutcome::Inserted
+    );
+    assert_eq!(
+        pending_keys_at(&store, NOW + 1_100).await,
+        vec!["k".to_string()]
+    );
+    assert_eq!(index_lens(&store), (1, 1), "the old expiry's entry is gone");
+    assert_eq!(
+        store.sweep_expired(NOW + 1_001, 100).await.expect("sweep"),
+        0
+    );
+    store.close().await.expect("close");
+    drop(store);
+
+    let store = EmbeddedStore::open(&EmbeddedOptions::new(dir.path())).expect("reopen");
+    assert_eq!(
+        pending_keys_at(&store, NOW + 1_100).await,
+        vec!["k".to_string()]
+    );
+    assert_eq!(
+        store.sweep_expired(NOW + 1_001, 100).await.expect("sweep"),
+        0
+    );
+    assert!(
+        store
+            .get(&id("k"), NOW + 1_001)
+            .await
+            .expect("get")
+            .is_some()
+    );
+    // Due once its expiry has passed (the sweep takes entries before `now`).
+    assert_eq!(
+        store.sweep_expired(NOW + 5_001, 100).await.expect("sweep"),
+        1
+    );
+    assert!(pending_keys_at(&store, NOW + 1_100).await.is_empty());
+    assert_eq!(index_lens(&store), (0, 0));
+    store.close().await.expect("close");
 }

@@ -37,6 +37,8 @@ import io.grpc.netty.shaded.io.netty.channel.epoll.EpollIoHandler;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollSocketChannel;
 import io.grpc.netty.shaded.io.netty.channel.nio.NioIoHandler;
 import io.grpc.netty.shaded.io.netty.channel.socket.nio.NioSocketChannel;
+import io.grpc.netty.shaded.io.netty.handler.codec.http2.Http2Error;
+import io.grpc.netty.shaded.io.netty.handler.codec.http2.Http2Exception;
 import io.grpc.netty.shaded.io.netty.util.concurrent.DefaultThreadFactory;
 import io.grpc.StatusRuntimeException;
 import io.grpc.TlsChannelCredentials;
@@ -188,7 +190,9 @@ public final class IdemdClient implements AutoCloseable {
 
   /** Claim with a deadline (add the request's {@code wait} to it when waiting). */
   public ClaimResponse claim(ClaimRequest request, Duration deadline) {
-    return call(deadline, stub -> stub.claim(request));
+    // Sent again on a broken connection only with an attempt id: the same attempt gets its own
+    // claim back, while a repeat without one would meet its own lease as IN_PROGRESS.
+    return call(deadline, !request.getAttemptId().isEmpty(), stub -> stub.claim(request));
   }
 
   /** Complete with the default deadline. */
@@ -198,7 +202,7 @@ public final class IdemdClient implements AutoCloseable {
 
   /** Complete with a deadline. */
   public CompleteResponse complete(CompleteRequest request, Duration deadline) {
-    return call(deadline, stub -> stub.complete(request));
+    return call(deadline, true, stub -> stub.complete(request));
   }
 
   /**
@@ -212,7 +216,8 @@ public final class IdemdClient implements AutoCloseable {
 
   /** ClaimBatch with a deadline. */
   public ClaimBatchResponse claimBatch(ClaimBatchRequest request, Duration deadline) {
-    return call(deadline, stub -> stub.claimBatch(request));
+    boolean allAttempted = request.getClaimsList().stream().noneMatch(c -> c.getAttemptId().isEmpty());
+    return call(deadline, allAttempted, stub -> stub.claimBatch(request));
   }
 
   /**
@@ -225,7 +230,7 @@ public final class IdemdClient implements AutoCloseable {
 
   /** CompleteBatch with a deadline. */
   public CompleteBatchResponse completeBatch(CompleteBatchRequest request, Duration deadline) {
-    return call(deadline, stub -> stub.completeBatch(request));
+    return call(deadline, true, stub -> stub.completeBatch(request));
   }
 
   /** Fail with the default deadline. */
@@ -235,7 +240,7 @@ public final class IdemdClient implements AutoCloseable {
 
   /** Fail with a deadline. */
   public FailResponse fail(FailRequest request, Duration deadline) {
-    return call(deadline, stub -> stub.fail(request));
+    return call(deadline, true, stub -> stub.fail(request));
   }
 
   /** ExtendLease with the default deadline. */
@@ -245,7 +250,7 @@ public final class IdemdClient implements AutoCloseable {
 
   /** ExtendLease with a deadline. */
   public ExtendLeaseResponse extendLease(ExtendLeaseRequest request, Duration deadline) {
-    return call(deadline, stub -> stub.extendLease(request));
+    return call(deadline, true, stub -> stub.extendLease(request));
   }
 
   /** Lookup with the default deadline. */
@@ -255,7 +260,7 @@ public final class IdemdClient implements AutoCloseable {
 
   /** Lookup with a deadline. */
   public LookupResponse lookup(LookupRequest request, Duration deadline) {
-    return call(deadline, stub -> stub.lookup(request));
+    return call(deadline, true, stub -> stub.lookup(request));
   }
 
   /** ListPending with the default deadline. */
@@ -265,7 +270,7 @@ public final class IdemdClient implements AutoCloseable {
 
   /** ListPending with a deadline. */
   public ListPendingResponse listPending(ListPendingRequest request, Duration deadline) {
-    return call(deadline, stub -> stub.listPending(request));
+    return call(deadline, true, stub -> stub.listPending(request));
   }
 
   /** Reconcile with the default deadline. */
@@ -275,7 +280,7 @@ public final class IdemdClient implements AutoCloseable {
 
   /** Reconcile with a deadline. */
   public ReconcileResponse reconcile(ReconcileRequest request, Duration deadline) {
-    return call(deadline, stub -> stub.reconcile(request));
+    return call(deadline, false, stub -> stub.reconcile(request));
   }
 
   /** The generated blocking stub, with this client's credentials and the default deadline. */
@@ -295,21 +300,25 @@ public final class IdemdClient implements AutoCloseable {
 
   /**
    * Runs a raw RPC, sent again (within {@code deadline}) when the transport reports that the server
-   * never took it ({@link #unprocessed}). On a channel of its own the client starts the call on the channel's transport
-   * thread: started elsewhere, its deadline timer, its first request for the response and its
-   * write each hand a task to that thread, and on a busy core each can cost a wake-up of it; started
-   * there, they are queued in place, and the call costs one wake-up of the transport thread and one
-   * of the caller ({@link #await}): the servlet filter's fresh key in Jetty went from ~12 context
-   * switches of the app's threads to ~9 (Jetty alone, without the filter: ~5).
+   * never took it ({@link #unprocessed}) or, for a call idemd answers the same when it is repeated
+   * ({@code sameCallIsSafe}), that the connection failed under it ({@link #connectionFailed}). On a
+   * channel of its own the client starts the call on the channel's transport thread: started
+   * elsewhere, its deadline timer, its first request for the response and its write each hand a
+   * task to that thread, and on a busy core each can cost a wake-up of it; started there, they are
+   * queued in place, and the call costs one wake-up of the transport thread and one of the caller
+   * ({@link #await}): the servlet filter's fresh key in Jetty went from ~12 context switches of the
+   * app's threads to ~9 (Jetty alone, without the filter: ~5).
    */
   private <T> T call(
-      Duration deadline, Function<IdempotencyGrpc.IdempotencyFutureStub, ListenableFuture<T>> rpc) {
+      Duration deadline,
+      boolean sameCallIsSafe,
+      Function<IdempotencyGrpc.IdempotencyFutureStub, ListenableFuture<T>> rpc) {
     long end = System.nanoTime() + deadline.toNanos();
     for (int attempt = 1; ; attempt++) {
       try {
         return callOnce(deadline, rpc);
       } catch (StatusRuntimeException e) {
-        if (attempt >= MAX_UNPROCESSED_ATTEMPTS || !unprocessed(e.getStatus())) {
+        if (attempt >= MAX_UNPROCESSED_ATTEMPTS || !sendAgain(e.getStatus(), sameCallIsSafe)) {
           throw e;
         }
         if (attempt > 2) {
@@ -334,6 +343,18 @@ public final class IdemdClient implements AutoCloseable {
   static final int MAX_UNPROCESSED_ATTEMPTS = 20;
 
   /**
+   * Whether {@link #call} sends a call again after {@code status}: always when the server never
+   * took it, and when the connection failed under it if repeating it is safe ({@code
+   * sameCallIsSafe}: docs/design.md, "Retrying the same call is always safe": a Claim with the same
+   * attempt id gets the same lease, Complete and Fail with the same token are idempotent, ExtendLease
+   * extends again, the reads read again). An answer from idemd is never sent again here (the
+   * executor's retries decide that, with backoff).
+   */
+  static boolean sendAgain(Status status, boolean sameCallIsSafe) {
+    return unprocessed(status) || (sameCallIsSafe && connectionFailed(status));
+  }
+
+  /**
    * Whether grpc-java's Netty transport reports {@code status} for a call the server never took: a
    * stream above the last-stream-id of a GOAWAY with NO_ERROR ("Abrupt GOAWAY closed sent
    * stream", which grpc-java itself treats as refused), one never sent ("... unsent stream",
@@ -342,9 +363,27 @@ public final class IdemdClient implements AutoCloseable {
    * sends a GOAWAY every few requests (nginx's keepalive_requests) defeats at a few dozen calls in
    * flight. Nothing reached idemd, so {@link #call} sends it again, within its deadline and below
    * the executor's retries; an error the server may have seen (a connection that broke with the
-   * request on it) stays an error.
+   * request on it) stays an error unless the call is safe to repeat ({@link #sendAgain}).
+   *
+   * <p>Also INTERNAL "http2 exception" for a stream Netty itself failed before its request was
+   * written: "Stream closed before write could take place" (the stream closed, by a GOAWAY or the
+   * connection's close, while its DATA frame still waited in Netty's flow controller), or a stream
+   * Netty refused to open ("Cannot create stream ... greater than Last-Stream-ID ... from GOAWAY",
+   * "Maximum active streams violated"). grpc-java sends a unary call's message and its END_STREAM
+   * in one DATA write, so a write that never took place left the server without the whole message,
+   * and no gRPC server runs a handler on part of one. Seen in `make test`'s proxy matrix (h2c, 300
+   * calls in flight across nginx's GOAWAY after 1,000 requests, on a loaded machine): Claims left
+   * ABSENT and Completes left IN_PROGRESS surfaced as INTERNAL.
    */
   static boolean unprocessed(Status status) {
+    if (status.getCode() == Status.Code.INTERNAL) {
+      return status.getCause() instanceof Http2Exception.StreamException stream
+          && stream.getMessage() != null
+          && (stream.getMessage().startsWith("Stream closed before write could take place")
+              || (stream.error() == Http2Error.REFUSED_STREAM
+                  && (stream.getMessage().startsWith("Cannot create stream")
+                      || stream.getMessage().startsWith("Maximum active streams violated"))));
+    }
     if (status.getCode() != Status.Code.UNAVAILABLE || status.getDescription() == null) {
       return false;
     }
@@ -353,6 +392,31 @@ public final class IdemdClient implements AutoCloseable {
         || d.startsWith("Abrupt GOAWAY closed unsent stream")
         || d.startsWith("GOAWAY closed buffered stream")
         || d.startsWith("RST_STREAM closed stream. HTTP/2 error code: REFUSED_STREAM");
+  }
+
+  /**
+   * Whether grpc-java reports {@code status} because the connection failed under the call, not as
+   * an answer: the server may or may not have taken it. UNAVAILABLE with an I/O error as its cause
+   * ("io exception": a write on a connection the peer had closed, EPIPE, which nginx's idle close
+   * races), or the connection's close after a GOAWAY or for no reason given; INTERNAL caused by
+   * Netty's HTTP/2 codec ("http2 exception"). A status idemd sends has no cause and none of these
+   * descriptions, so its own UNAVAILABLE (store down, outcome unknown) is not one.
+   */
+  static boolean connectionFailed(Status status) {
+    Throwable cause = status.getCause();
+    if (status.getCode() == Status.Code.INTERNAL) {
+      return cause instanceof Http2Exception;
+    }
+    if (status.getCode() != Status.Code.UNAVAILABLE) {
+      return false;
+    }
+    if (cause instanceof IOException) {
+      return true;
+    }
+    String d = status.getDescription();
+    return d != null
+        && (d.startsWith("Connection closed after GOAWAY")
+            || d.startsWith("Network closed for unknown reason"));
   }
 
   private <T> T callOnce(
